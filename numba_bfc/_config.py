@@ -1,0 +1,105 @@
+"""Option parsing shared by the allocators: sizes with units and ``NUMBA_BFC_CONF``."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+ENV_VAR = "NUMBA_BFC_CONF"
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kib": 1 << 10,
+    "m": 1 << 20, "mib": 1 << 20,
+    "g": 1 << 30, "gib": 1 << 30,
+    "t": 1 << 40, "tib": 1 << 40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any, *, name: str = "size") -> int:
+    """Parse a byte count: an int, or a string such as ``"8GiB"``, ``"512MiB"``, ``"4096"``.
+
+    Units are binary (KiB/MiB/GiB/TiB, or K/M/G/T). Decimal units (``GB``) are
+    rejected rather than guessed.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer number of bytes, not bool")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be an int or a size string, not {type(value).__name__}")
+    m = _SIZE_RE.match(value)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(
+            f"{name}: cannot parse {value!r} as a size (use bytes or KiB/MiB/GiB/TiB)"
+        )
+    number, unit = m.group(1), m.group(2).lower()
+    scale = _UNITS[unit]
+    if "." in number:
+        whole, _, frac = number.partition(".")
+        num = int(whole or "0") * scale + (int(frac or "0") * scale) // (10 ** len(frac or "0"))
+        if (int(frac or "0") * scale) % (10 ** len(frac or "0")):
+            raise ValueError(f"{name}: {value!r} is not a whole number of bytes")
+        return num
+    return int(number) * scale
+
+
+def parse_bool(value: Any, *, name: str = "option") -> bool:
+    """Parse ``true/false/1/0/yes/no/on/off`` (case-insensitive) or a bool."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("true", "1", "yes", "on"):
+            return True
+        if v in ("false", "0", "no", "off"):
+            return False
+    raise ValueError(f"{name}: expected true or false, got {value!r}")
+
+
+def parse_float(value: Any, *, name: str = "option") -> float:
+    """Parse a float from a number or a string."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, not bool")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected a number, got {value!r}") from None
+
+
+def parse_conf(text: str, parsers: Mapping[str, Callable[..., Any]]) -> dict[str, Any]:
+    """Parse ``"key:value,key:value"`` with one parser per allowed key.
+
+    Unknown keys, repeated keys and bad values raise ``ValueError`` naming the key.
+    """
+    out: dict[str, Any] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, raw = item.partition(":")
+        key = key.strip()
+        if not sep:
+            raise ValueError(f"{ENV_VAR}: entry {item!r} is not of the form key:value")
+        if key not in parsers:
+            known = ", ".join(sorted(parsers))
+            raise ValueError(f"{ENV_VAR}: unknown key {key!r} (known keys: {known})")
+        if key in out:
+            raise ValueError(f"{ENV_VAR}: key {key!r} given twice")
+        out[key] = parsers[key](raw.strip(), name=key)
+    return out
+
+
+def conf_from_env(parsers: Mapping[str, Callable[..., Any]]) -> dict[str, Any]:
+    """``parse_conf`` of the ``NUMBA_BFC_CONF`` environment variable (empty if unset)."""
+    return parse_conf(os.environ.get(ENV_VAR, ""), parsers)
+
+
+def parse_str(value: Any, *, name: str = "option") -> str:
+    """Identity parser for string options."""
+    return str(value)

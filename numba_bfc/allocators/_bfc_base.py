@@ -1,0 +1,441 @@
+"""What every BFC implementation shares: options, growth, the OOM path, reporting.
+
+TF's ``AllocateRawInternal`` order lives here once: best fit, then ``Extend``,
+then forced merging of timestamped chunks, then garbage collection of free
+regions and ``Extend`` again, then ``OutOfMemoryError``. Subclasses supply the
+chunk machinery (``BFCAllocator``: Numba kernels over tables;
+``ReferenceBFCAllocator``: plain Python over ``sortedcontainers``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+
+import numpy as np
+
+from ..errors import InvalidPointerError, OutOfMemoryError
+from ..stats import AllocatorStats
+from . import _report
+from ._options import resolve_bfc_options
+from ._validate import check_alignment, check_count, check_pointer, check_size
+
+_log = logging.getLogger("numba_bfc")
+
+MIN_ALLOCATION = 256  # TF kMinAllocationSize: every chunk is a multiple, so all addresses align
+NUM_BINS = 21  # bins 256 B .. 256 MiB and up (TF kNumBins)
+DEFAULT_MAX_INTERNAL_FRAGMENTATION = 128 << 20  # TF: waste at most 128 MiB in an unsplit chunk
+INITIAL_GROWTH_REGION = 2 << 20  # TF: first region with allow_growth is 2 MiB (or the limit)
+# TF multiplies a size_t by a float 0.9f when a region allocation fails; single
+# precision is kept so that region sizes match TF byte for byte.
+_BACKPEDAL = np.float32(0.9)
+
+
+def round_bytes(n: int) -> int:
+    """TF's ``RoundedBytes``: up to a multiple of 256."""
+    return -(-n // MIN_ALLOCATION) * MIN_ALLOCATION
+
+
+class SharedCounter:
+    """A monotonically increasing counter for timestamped frees (TF's ``SharedCounter``).
+
+    ``next()`` returns 1, 2, 3, ...; ``get()`` the last value handed out.
+    """
+
+    def __init__(self) -> None:
+        self._it = itertools.count(1)
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            self._last = next(self._it)
+            return self._last
+
+    def get(self) -> int:
+        return self._last
+
+
+class BFCBase:
+    """TF BFC semantics over an abstract chunk store (see module docstring)."""
+
+    def __init__(
+        self,
+        backend,
+        memory_limit: int | str | None = None,
+        allow_growth: bool | None = None,
+        garbage_collection: bool | None = None,
+        fragmentation_fraction: float | None = None,
+        name: str | None = None,
+    ) -> None:
+        opts = resolve_bfc_options(
+            backend,
+            memory_limit=memory_limit,
+            allow_growth=allow_growth,
+            garbage_collection=garbage_collection,
+            fragmentation_fraction=fragmentation_fraction,
+            name=name,
+        )
+        self._backend = backend
+        self._opts = opts
+        self._name = opts.name
+        self.memory_limit = opts.memory_limit
+        self.allow_growth = opts.allow_growth
+        self.garbage_collection = opts.garbage_collection
+        self.fragmentation_fraction = opts.fragmentation_fraction
+        self._coalesce_regions = bool(backend.supports_coalescing)
+        if opts.allow_growth:
+            self._curr_region_bytes = round_bytes(min(opts.memory_limit, INITIAL_GROWTH_REGION))
+        else:
+            self._curr_region_bytes = round_bytes(opts.memory_limit)
+        if opts.fragmentation_fraction > 0.0:
+            self._max_internal_fragmentation = int(
+                opts.fragmentation_fraction * opts.memory_limit
+            )
+        else:
+            self._max_internal_fragmentation = DEFAULT_MAX_INTERNAL_FRAGMENTATION
+        self._lock = threading.Lock()
+        self._timing_counter = None
+        self._timestamps_used = False
+        self._safe_frontier = 0
+        self._backend_refused = False
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def name(self) -> str:
+        """The allocator's name."""
+        return self._name
+
+    @property
+    def backend(self):
+        """The sub-allocator regions come from."""
+        return self._backend
+
+    def tracks_allocation_sizes(self) -> bool:
+        """Always True: requested and allocated sizes are known for every pointer."""
+        return True
+
+    def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION, *,
+                     freed_before: int = 0) -> int:
+        """Allocate ``num_bytes`` and return the address (0 for 0 bytes).
+
+        Parameters
+        ----------
+        num_bytes : int
+        alignment : int
+            A power of two; the address is a multiple of ``max(alignment, 256)``.
+        freed_before : int
+            If > 0, do not reuse chunks freed with a timing count later than this.
+
+        Raises
+        ------
+        OutOfMemoryError
+            Nothing fits and the pool cannot grow; the state is unchanged.
+        TypeError, ValueError
+            Bad arguments; the state is unchanged.
+        """
+        n = check_size(num_bytes)
+        alignment = check_alignment(alignment)
+        freed_before = check_count(freed_before, "freed_before")
+        if n == 0:
+            return 0
+        if n > self.memory_limit:
+            with self._lock:
+                raise self._out_of_memory(n, 0, alignment, "limit")
+        with self._lock:
+            if self._timestamps_used:
+                self._merge_timestamped(0, self._safe_frontier)
+            p = self._try_allocate(n, alignment, freed_before)
+            if p:
+                return p
+            return self._allocate_slow(n, alignment, freed_before)
+
+    def deallocate_raw(self, ptr: int | None) -> None:
+        """Free an address from ``allocate_raw``; 0 or None is a no-op.
+
+        Raises
+        ------
+        InvalidPointerError
+            Double free, interior pointer or unknown pointer; state unchanged.
+        """
+        if ptr is None:
+            return
+        p = check_pointer(ptr)
+        if p == 0:
+            return
+        with self._lock:
+            if self._timing_counter is not None:
+                if self._lookup(p) is None:
+                    raise self._invalid_pointer(p)
+                count = check_count(self._timing_counter.next(), "timing count")
+                self._deallocate_chunk(p, max(count, 1))
+            elif not self._deallocate_chunk(p, 0):
+                raise self._invalid_pointer(p)
+
+    def requested_size(self, ptr: int) -> int:
+        """Bytes the client asked for at ``ptr``."""
+        return self._live(ptr)[0]
+
+    def allocated_size(self, ptr: int) -> int:
+        """Bytes of the chunk serving ``ptr`` (after rounding and any unsplit waste)."""
+        return self._live(ptr)[1]
+
+    def allocation_id(self, ptr: int) -> int:
+        """The unique id (> 0) of the live allocation at ``ptr``."""
+        return self._live(ptr)[2]
+
+    def get_stats(self) -> AllocatorStats:
+        """Current counters (see ``AllocatorStats``)."""
+        with self._lock:
+            return self._stats_locked()
+
+    def clear_stats(self) -> bool:
+        """TF's ``ClearStats``: zero ``num_allocs`` and ``largest_alloc_size``, and
+        reset ``peak_bytes_in_use`` to the current ``bytes_in_use``."""
+        with self._lock:
+            self._clear_counters()
+        return True
+
+    def regions(self) -> list[tuple[int, int]]:
+        """``[(base, size), ...]`` of the backend regions held, in address order."""
+        with self._lock:
+            return self._region_list()
+
+    def deallocate_free_regions(self, rounded_bytes: int = 0) -> bool:
+        """Give regions with no chunk in use back to the backend (TF's ``DeallocateFreeRegions``).
+
+        As in TF, nothing is freed when doing so cannot make room for
+        ``rounded_bytes``. Unlike TF's private method, an explicit call works
+        whether or not ``garbage_collection`` is on; that option only controls
+        the automatic call on the out-of-memory path. Returns True if any region
+        was freed.
+        """
+        r = check_size(rounded_bytes)
+        with self._lock:
+            return self._release_free_regions(r)
+
+    def memory_map(self) -> dict:
+        """A JSON-serialisable dump of the allocator (TF's ``RecordMemoryMap``)."""
+        with self._lock:
+            records = self._records()
+            return {
+                "allocator_name": self._name,
+                "memory_limit": self.memory_limit,
+                "stats": self._stats_locked().to_dict(),
+                "bin_summary": _report.bin_summary(records, MIN_ALLOCATION, NUM_BINS),
+                "regions": [{"base": b, "size": s} for b, s in self._region_list()],
+                "chunks": _report.chunk_list(records),
+            }
+
+    def render_occupancy(self, width: int = 100) -> str:
+        """One line of ``width`` characters over all regions (TF's ``RenderOccupancy``)."""
+        with self._lock:
+            return _report.render_occupancy(self._records(), self._region_list(), width)
+
+    def set_timing_counter(self, counter: SharedCounter | None) -> None:
+        """Tag every later free with ``counter.next()`` (TF's ``SetTimingCounter``).
+
+        Tagged chunks stay uncoalesced, and are not reused by an allocation with
+        an earlier ``freed_before``, until ``set_safe_frontier`` passes their tag.
+        """
+        with self._lock:
+            self._timing_counter = counter
+            if counter is not None:
+                self._timestamps_used = True
+
+    def set_safe_frontier(self, count: int) -> None:
+        """Raise the safe frontier: chunks tagged below ``count`` become ordinary."""
+        c = check_count(count, "count")
+        with self._lock:
+            self._safe_frontier = max(self._safe_frontier, c)
+
+    def __repr__(self) -> str:
+        s = self.get_stats()
+        return (
+            f"{type(self).__name__}(name={self._name!r}, in_use={s.bytes_in_use}, "
+            f"reserved={s.bytes_reserved}, limit={self.memory_limit})"
+        )
+
+    # ------------------------------------------------------------------ orchestration
+    def _allocate_slow(self, n: int, alignment: int, freed_before: int) -> int:
+        rounded = round_bytes(n)
+        align = max(alignment, MIN_ALLOCATION)
+        self._backend_refused = False
+        if self._extend(align, rounded):
+            p = self._try_allocate(n, alignment, freed_before)
+            if p:
+                return p
+        if freed_before == 0 and self._has_timestamped():
+            if self._merge_timestamped(rounded, self._safe_frontier):
+                p = self._try_allocate(n, alignment, freed_before)
+                if p:
+                    return p
+        if (
+            self.garbage_collection
+            and self._release_free_regions(rounded)
+            and self._extend(align, rounded)
+        ):
+            p = self._try_allocate(n, alignment, freed_before)
+            if p:
+                return p
+        raise self._out_of_memory(n, rounded, alignment, None)
+
+    def _extend(self, alignment: int, rounded: int) -> bool:
+        """TF's ``Extend``: get a new region big enough for ``rounded`` bytes."""
+        pool = self._counters()["pool_bytes"]
+        available = (self.memory_limit - pool) // MIN_ALLOCATION * MIN_ALLOCATION
+        if rounded > available:
+            return False
+        increased = False
+        while rounded > self._curr_region_bytes:
+            self._curr_region_bytes *= 2
+            increased = True
+        nbytes = min(self._curr_region_bytes, available)
+        got = self._backend.alloc(nbytes, alignment)
+        while got is None:
+            backpedal = round_bytes(int(np.float32(nbytes) * _BACKPEDAL))
+            # Rounding up can give back the same size: force progress so a
+            # backend that always fails cannot make this loop spin.
+            if backpedal >= nbytes:
+                backpedal = nbytes - MIN_ALLOCATION
+            nbytes = backpedal
+            if nbytes < rounded:
+                self._backend_refused = True
+                return False
+            got = self._backend.alloc(nbytes, alignment)
+        if not increased:
+            self._curr_region_bytes *= 2
+        ptr, received = got
+        if ptr <= 0 or ptr % MIN_ALLOCATION or received % MIN_ALLOCATION or received < nbytes:
+            self._backend.free(ptr, received)
+            raise RuntimeError(
+                f"backend returned region ({ptr:#x}, {received}): must be 256-byte aligned "
+                f"and a multiple of 256 of at least {nbytes} bytes"
+            )
+        self._add_region(ptr, received)
+        return True
+
+    def _release_free_regions(self, rounded: int) -> bool:
+        candidates = self._free_regions()
+        total = sum(size for _, _, size in candidates)
+        if total == 0:
+            return False
+        available = self.memory_limit - self._counters()["pool_bytes"] + total
+        if rounded > available:
+            return False
+        _log.info("%s: giving %d free region(s), %d bytes, back to the backend",
+                  self._name, len(candidates), total)
+        for key, base, size in candidates:
+            self._remove_region(key)
+            self._backend.free(base, size)
+        return True
+
+    def _stats_locked(self) -> AllocatorStats:
+        c = self._counters()
+        largest = self._largest_free()
+        free = c["pool_bytes"] - c["bytes_in_use"]
+        return AllocatorStats(
+            num_allocs=c["num_allocs"],
+            bytes_in_use=c["bytes_in_use"],
+            peak_bytes_in_use=c["peak_bytes_in_use"],
+            largest_alloc_size=c["largest_alloc_size"],
+            bytes_limit=self.memory_limit,
+            bytes_reserved=c["pool_bytes"],
+            peak_bytes_reserved=c["peak_pool_bytes"],
+            largest_free_block_bytes=largest,
+            fragmentation=(free - largest) / free if free > 0 else 0.0,
+        )
+
+    def _out_of_memory(self, n: int, rounded: int, alignment: int, reason: str | None):
+        stats = self._stats_locked()
+        if reason is None:
+            free_total = (stats.bytes_reserved - stats.bytes_in_use) + (
+                self.memory_limit - stats.bytes_reserved
+            )
+            if self._backend_refused:
+                reason = "backend"
+            elif free_total >= rounded:
+                reason = "fragmentation"
+            else:
+                reason = "exhausted"
+        records = self._records()
+        return OutOfMemoryError(
+            _report.oom_message(self._name, n, rounded, alignment, stats, self.memory_limit,
+                                reason),
+            allocator_name=self._name,
+            num_bytes=n,
+            rounded_bytes=rounded,
+            alignment=alignment,
+            stats=stats,
+            bin_summary=_report.bin_summary(records, MIN_ALLOCATION, NUM_BINS),
+            occupancy=_report.render_occupancy(records, self._region_list()),
+            reason=reason,
+        )
+
+    def _invalid_pointer(self, p: int) -> InvalidPointerError:
+        records = self._records()
+        i = int(np.searchsorted(records["address"], p, side="right")) - 1
+        if i >= 0:
+            rec = records[i]
+            start, size = int(rec["address"]), int(rec["size"])
+            if start == p and not rec["in_use"]:
+                return InvalidPointerError(
+                    f"{self._name}: {p:#x} is not allocated (double free?)", ptr=p,
+                    kind="double_free")
+            if start < p < start + size:
+                return InvalidPointerError(
+                    f"{self._name}: {p:#x} is an interior pointer into the chunk at "
+                    f"{start:#x} (size {size}); pass the address allocate_raw returned",
+                    ptr=p, kind="interior")
+        return InvalidPointerError(
+            f"{self._name}: {p:#x} was not allocated by this allocator", ptr=p, kind="unknown")
+
+    def _live(self, ptr) -> tuple[int, int, int]:
+        p = check_pointer(ptr)
+        with self._lock:
+            info = self._lookup(p) if p else None
+            if info is None:
+                raise self._invalid_pointer(p)
+            return info
+
+    # ------------------------------------------------------------------ chunk store
+    # Subclasses implement these; all are called with the lock held.
+    def _try_allocate(self, n: int, alignment: int, freed_before: int) -> int:
+        raise NotImplementedError
+
+    def _add_region(self, ptr: int, size: int) -> None:
+        raise NotImplementedError
+
+    def _deallocate_chunk(self, ptr: int, count: int) -> bool:
+        raise NotImplementedError
+
+    def _lookup(self, ptr: int) -> tuple[int, int, int] | None:
+        raise NotImplementedError
+
+    def _has_timestamped(self) -> bool:
+        raise NotImplementedError
+
+    def _merge_timestamped(self, required: int, frontier: int) -> bool:
+        raise NotImplementedError
+
+    def _free_regions(self) -> list[tuple[object, int, int]]:
+        raise NotImplementedError
+
+    def _remove_region(self, key) -> None:
+        raise NotImplementedError
+
+    def _counters(self) -> dict:
+        raise NotImplementedError
+
+    def _clear_counters(self) -> None:
+        raise NotImplementedError
+
+    def _largest_free(self) -> int:
+        raise NotImplementedError
+
+    def _records(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def _region_list(self) -> list[tuple[int, int]]:
+        raise NotImplementedError

@@ -1,0 +1,114 @@
+"""A simulated address space: addresses without memory, for tests and replay."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sortedcontainers import SortedDict
+
+from .base import SubAllocator
+
+__all__ = ["VirtualSubAllocator"]
+
+# Simulated addresses start high and away from 0 so that a bug returning a
+# small integer, or 0 (null), can never look like a valid pointer.
+_BASE_ADDRESS = 1 << 40
+# Non-contiguous mode leaves a guard gap between regions, like separate
+# cudaMalloc calls, so that no two regions are ever adjacent by accident.
+_GUARD = 2 << 20
+
+
+def _align_up(x: int, a: int) -> int:
+    return (x + a - 1) & ~(a - 1)
+
+
+class VirtualSubAllocator(SubAllocator):
+    """Simulated address space: hands out address ranges, no memory behind them.
+
+    Parameters
+    ----------
+    capacity : int, optional
+        Most bytes held at once; further ``alloc`` calls fail (return None).
+    contiguous : bool
+        If True, each region starts where the highest live one ends, like pages
+        mapped into one reserved CUDA virtual range, and ``supports_coalescing``
+        is True. If False, regions are separated by a guard gap.
+    granularity : int
+        Granted sizes are rounded up to a multiple of this (e.g. 2 MiB, as
+        ``cuMemGetAllocationGranularity`` would impose).
+    fail_if : callable, optional
+        Failure injection: ``fail_if(nbytes) -> bool``; True makes that call fail.
+
+    Notes
+    -----
+    ``fail_next(n)`` makes the next ``n`` calls fail, whatever their size.
+    """
+
+    def __init__(
+        self,
+        capacity: int | None = None,
+        contiguous: bool = False,
+        granularity: int = 1,
+        fail_if: Callable[[int], bool] | None = None,
+    ) -> None:
+        super().__init__()
+        if capacity is not None and capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        if granularity <= 0:
+            raise ValueError(f"granularity must be > 0, got {granularity}")
+        self.capacity = capacity
+        self.contiguous = bool(contiguous)
+        self.supports_coalescing = self.contiguous
+        self.granularity = int(granularity)
+        self.fail_if = fail_if
+        self._fail_next = 0
+        # start -> end of every mapped range (adjacent ranges kept separate so a
+        # free of a union of them can be checked piece by piece).
+        self._mapped: SortedDict = SortedDict()
+        self._top = _BASE_ADDRESS
+
+    def fail_next(self, n: int = 1) -> None:
+        """Make the next ``n`` ``alloc`` calls fail."""
+        self._fail_next += int(n)
+
+    def _alloc(self, nbytes: int, alignment: int) -> tuple[int, int] | None:
+        received = _align_up(nbytes, self.granularity)
+        if self._fail_next > 0:
+            self._fail_next -= 1
+            return None
+        if self.fail_if is not None and self.fail_if(nbytes):
+            return None
+        if self.capacity is not None and self.bytes_held + received > self.capacity:
+            return None
+        if self.contiguous:
+            ptr = _align_up(self._top, alignment)
+        else:
+            ptr = _align_up(self._top + _GUARD, max(alignment, _GUARD))
+        self._mapped[ptr] = ptr + received
+        self._top = ptr + received
+        return ptr, received
+
+    def _free(self, ptr: int, nbytes: int) -> None:
+        # The range must be exactly a run of adjacent mapped ranges.
+        end = ptr + nbytes
+        pos = ptr
+        pieces = []
+        while pos < end:
+            if pos not in self._mapped:
+                raise ValueError(
+                    f"free({ptr:#x}, {nbytes}): {pos:#x} is not the start of a mapped range"
+                )
+            pieces.append(pos)
+            pos = self._mapped[pos]
+        if pos != end:
+            raise ValueError(f"free({ptr:#x}, {nbytes}): size does not match mapped ranges")
+        for p in pieces:
+            del self._mapped[p]
+        # Let a contiguous space shrink back, as unmapping the tail of a VMM range does.
+        self._top = self._mapped.peekitem(-1)[1] if self._mapped else _BASE_ADDRESS
+        if not self.contiguous:
+            self._top = max(self._top, _BASE_ADDRESS)
+
+    def mapped_ranges(self) -> list[tuple[int, int]]:
+        """``[(start, size), ...]`` of every live range, in address order."""
+        return [(s, e - s) for s, e in self._mapped.items()]

@@ -1,0 +1,7 @@
+"""``@njit`` kernels over the chunk, bin and region tables.
+
+Nothing here knows about backends, Numba CUDA or Python objects: kernels take
+NumPy arrays and scalars and return scalars. ``layout`` defines the tables,
+``tree`` the per-bin ordered free sets, ``ptrmap`` the pointer -> chunk map and
+``chunks`` the split / merge / coalesce / region machinery every policy shares.
+"""

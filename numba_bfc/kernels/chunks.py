@@ -1,0 +1,335 @@
+"""Chunk machinery shared by every policy: handles, bins, split, merge, regions.
+
+These kernels keep the tables consistent; policies (``numba_bfc.policies``)
+decide which chunk to use and when to split. Names follow TF's BFC allocator
+(``SplitChunk``, ``Merge``, ``TryToCoalesce``, ``InsertFreeChunkIntoBin``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .layout import (
+    NEED_ROWS,
+    NO_HANDLE,
+    S_FREE_HEAD,
+    S_FREE_ROWS,
+    S_MIN_ALLOCATION,
+    S_NUM_BINS,
+    S_NUM_FREE_CHUNKS,
+    S_NUM_REGIONS,
+    S_PEAK_POOL_BYTES,
+    S_POOL_BYTES,
+    S_TSQ_COUNT,
+    S_TSQ_HEAD,
+)
+from .tree import tree_insert, tree_max, tree_remove
+
+
+@njit(cache=True, inline="always")
+def round_up(n, quantum):
+    """``n`` rounded up to a multiple of ``quantum`` (TF's ``RoundedBytes``)."""
+    return ((n + quantum - 1) // quantum) * quantum
+
+
+@njit(cache=True)
+def bin_for_size(n, min_allocation, num_bins):
+    """TF's ``BinNumForSize``: ``min(num_bins-1, floor(log2(max(n, min) / min)))``."""
+    v = max(n, min_allocation) // min_allocation
+    b = 0
+    while v > 1 and b < num_bins - 1:
+        v >>= 1
+        b += 1
+    return b
+
+
+@njit(cache=True)
+def new_row(chunks, state):
+    """Take a row off the free-handle list (the caller checked one is there)."""
+    h = state[S_FREE_HEAD]
+    state[S_FREE_HEAD] = chunks[h]["next"]
+    state[S_FREE_ROWS] -= 1
+    chunks[h]["prev"] = NO_HANDLE
+    chunks[h]["next"] = NO_HANDLE
+    chunks[h]["left"] = NO_HANDLE
+    chunks[h]["right"] = NO_HANDLE
+    chunks[h]["parent"] = NO_HANDLE
+    chunks[h]["bin"] = NO_HANDLE
+    chunks[h]["allocation_id"] = -1
+    chunks[h]["requested_size"] = 0
+    chunks[h]["freed_at_count"] = 0
+    return h
+
+
+@njit(cache=True)
+def release_row(chunks, state, h):
+    """Return row ``h`` to the free-handle list (TF's ``DeleteChunk``)."""
+    chunks[h]["size"] = 0
+    chunks[h]["ptr"] = 0
+    chunks[h]["allocation_id"] = -1
+    chunks[h]["bin"] = NO_HANDLE
+    chunks[h]["region"] = NO_HANDLE
+    chunks[h]["prev"] = NO_HANDLE
+    chunks[h]["generation"] += 1
+    chunks[h]["next"] = state[S_FREE_HEAD]
+    state[S_FREE_HEAD] = h
+    state[S_FREE_ROWS] += 1
+
+
+@njit(cache=True)
+def insert_free(chunks, bins, state, h):
+    """Put free chunk ``h`` into the bin for its size."""
+    b = bin_for_size(chunks[h]["size"], state[S_MIN_ALLOCATION], state[S_NUM_BINS])
+    chunks[h]["bin"] = b
+    tree_insert(chunks, bins, b, h)
+    state[S_NUM_FREE_CHUNKS] += 1
+
+
+@njit(cache=True)
+def remove_free(chunks, bins, state, h):
+    """Take free chunk ``h`` out of its bin."""
+    tree_remove(chunks, bins, chunks[h]["bin"], h)
+    chunks[h]["bin"] = NO_HANDLE
+    state[S_NUM_FREE_CHUNKS] -= 1
+
+
+@njit(cache=True)
+def split_chunk(chunks, bins, regions, state, h, nbytes, insert_remainder):
+    """Cut ``h`` (not in a bin) after ``nbytes``; return the new tail chunk.
+
+    The tail inherits ``freed_at_count`` and is free; it goes into its bin when
+    ``insert_remainder`` is true.
+    """
+    n = new_row(chunks, state)
+    chunks[n]["ptr"] = chunks[h]["ptr"] + nbytes
+    chunks[n]["size"] = chunks[h]["size"] - nbytes
+    chunks[h]["size"] = nbytes
+    chunks[n]["freed_at_count"] = chunks[h]["freed_at_count"]
+    chunks[n]["region"] = chunks[h]["region"]
+    nxt = chunks[h]["next"]
+    chunks[n]["prev"] = h
+    chunks[n]["next"] = nxt
+    chunks[h]["next"] = n
+    if nxt != NO_HANDLE:
+        chunks[nxt]["prev"] = n
+    else:
+        regions[chunks[h]["region"]]["last"] = n
+    if insert_remainder:
+        insert_free(chunks, bins, state, n)
+    return n
+
+
+@njit(cache=True)
+def merge_chunks(chunks, regions, state, h1, h2):
+    """Absorb ``h2`` (the chunk right after ``h1``) into ``h1``; both free, unbinned."""
+    h3 = chunks[h2]["next"]
+    chunks[h1]["next"] = h3
+    if h3 != NO_HANDLE:
+        chunks[h3]["prev"] = h1
+    else:
+        regions[chunks[h1]["region"]]["last"] = h1
+    chunks[h1]["size"] += chunks[h2]["size"]
+    chunks[h1]["freed_at_count"] = max(chunks[h1]["freed_at_count"], chunks[h2]["freed_at_count"])
+    release_row(chunks, state, h2)
+
+
+@njit(cache=True)
+def try_to_coalesce(chunks, bins, regions, state, h, ignore_freed_at):
+    """Merge free, unbinned ``h`` with free neighbours; return the surviving handle.
+
+    As TF: a timestamped chunk (``freed_at_count > 0``) is left alone unless
+    ``ignore_freed_at``; neighbours are merged only if untimestamped (or forced).
+    """
+    if (not ignore_freed_at) and chunks[h]["freed_at_count"] > 0:
+        return h
+    out = h
+    nxt = chunks[h]["next"]
+    if nxt != NO_HANDLE and chunks[nxt]["allocation_id"] == -1:
+        if chunks[nxt]["freed_at_count"] == 0 or ignore_freed_at:
+            remove_free(chunks, bins, state, nxt)
+            merge_chunks(chunks, regions, state, h, nxt)
+    prv = chunks[h]["prev"]
+    if prv != NO_HANDLE and chunks[prv]["allocation_id"] == -1:
+        if chunks[prv]["freed_at_count"] == 0 or ignore_freed_at:
+            out = prv
+            remove_free(chunks, bins, state, prv)
+            merge_chunks(chunks, regions, state, prv, h)
+    return out
+
+
+@njit(cache=True)
+def add_region(chunks, bins, regions, state, ptr, size, coalesce):
+    """Add backend memory ``[ptr, ptr+size)`` as one free chunk (TF's ``Extend`` tail).
+
+    With ``coalesce``, memory starting exactly where a region ends extends that
+    region and may merge with its free tail. Returns the region row, or
+    ``NEED_ROWS`` (nothing changed) when a table is full.
+    """
+    if state[S_FREE_ROWS] < 1:
+        return NEED_ROWS
+    r = -1
+    if coalesce:
+        for i in range(regions.shape[0]):
+            if regions[i]["size"] > 0 and regions[i]["base"] + regions[i]["size"] == ptr:
+                r = i
+                break
+    if r < 0:
+        for i in range(regions.shape[0]):
+            if regions[i]["size"] == 0:
+                r = i
+                break
+        if r < 0:
+            return NEED_ROWS
+        h = new_row(chunks, state)
+        regions[r]["base"] = ptr
+        regions[r]["size"] = size
+        regions[r]["first"] = h
+        regions[r]["last"] = h
+        state[S_NUM_REGIONS] += 1
+    else:
+        h = new_row(chunks, state)
+        last = regions[r]["last"]
+        chunks[h]["prev"] = last
+        chunks[last]["next"] = h
+        regions[r]["size"] += size
+        regions[r]["last"] = h
+    chunks[h]["ptr"] = ptr
+    chunks[h]["size"] = size
+    chunks[h]["region"] = r
+    state[S_POOL_BYTES] += size
+    state[S_PEAK_POOL_BYTES] = max(state[S_PEAK_POOL_BYTES], state[S_POOL_BYTES])
+    insert_free(chunks, bins, state, try_to_coalesce(chunks, bins, regions, state, h, False))
+    return r
+
+
+@njit(cache=True)
+def region_in_use(chunks, regions, r):
+    """True if any chunk of region ``r`` is in use."""
+    h = regions[r]["first"]
+    while h != NO_HANDLE:
+        if chunks[h]["allocation_id"] != -1:
+            return True
+        h = chunks[h]["next"]
+    return False
+
+
+@njit(cache=True)
+def free_region_rows(chunks, regions, out):
+    """Write the rows of regions with no chunk in use into ``out``; return how many."""
+    n = 0
+    for r in range(regions.shape[0]):
+        if regions[r]["size"] > 0 and not region_in_use(chunks, regions, r):
+            out[n] = r
+            n += 1
+    return n
+
+
+@njit(cache=True)
+def remove_region(chunks, bins, regions, state, r):
+    """Drop region ``r`` and all its (free) chunks; return its size."""
+    h = regions[r]["first"]
+    while h != NO_HANDLE:
+        nxt = chunks[h]["next"]
+        if chunks[h]["bin"] != NO_HANDLE:
+            remove_free(chunks, bins, state, h)
+        release_row(chunks, state, h)
+        h = nxt
+    size = regions[r]["size"]
+    state[S_POOL_BYTES] -= size
+    state[S_NUM_REGIONS] -= 1
+    regions[r]["size"] = 0
+    regions[r]["first"] = NO_HANDLE
+    regions[r]["last"] = NO_HANDLE
+    return size
+
+
+@njit(cache=True)
+def largest_free_chunk(chunks, bins):
+    """Size of the largest free chunk in any bin (TF's ``LargestFreeChunk``)."""
+    for b in range(bins.shape[0] - 1, -1, -1):
+        if bins[b]["num_chunks"] > 0:
+            return chunks[tree_max(chunks, bins[b]["root"])]["size"]
+    return 0
+
+
+@njit(cache=True, inline="always")
+def _queue_push(tsq, state, h, gen):
+    cap = tsq.shape[0]
+    i = (state[S_TSQ_HEAD] + state[S_TSQ_COUNT]) % cap
+    tsq[i, 0] = h
+    tsq[i, 1] = gen
+    state[S_TSQ_COUNT] += 1
+
+
+@njit(cache=True)
+def queue_timestamped(chunks, state, tsq, h):
+    """Append chunk ``h`` to the timestamped-chunk queue (caller checked room)."""
+    _queue_push(tsq, state, h, chunks[h]["generation"])
+
+
+@njit(cache=True)
+def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, safe_frontier):
+    """TF's ``MergeTimestampedChunks``.
+
+    With ``required_bytes == 0``: chunks whose tag is below ``safe_frontier``
+    become ordinary free chunks and coalesce. Otherwise chunks are force-merged,
+    in queue order, until one of at least ``required_bytes`` forms; returns
+    whether that happened (always True for 0).
+    """
+    n = state[S_TSQ_COUNT]
+    cap = tsq.shape[0]
+    head = state[S_TSQ_HEAD]
+    merge_h = np.empty(n, dtype=np.int64)
+    merge_g = np.empty(n, dtype=np.int64)
+    keep_h = np.empty(n, dtype=np.int64)
+    keep_g = np.empty(n, dtype=np.int64)
+    nm = 0
+    nk = 0
+    for k in range(n):
+        h = tsq[(head + k) % cap, 0]
+        g = tsq[(head + k) % cap, 1]
+        # A stale entry: the chunk was merged away, its region released, or reused.
+        if chunks[h]["generation"] != g:
+            continue
+        if chunks[h]["allocation_id"] != -1 or chunks[h]["bin"] == NO_HANDLE:
+            continue
+        if chunks[h]["freed_at_count"] == 0:
+            merge_h[nm] = h
+            merge_g[nm] = g
+            nm += 1
+        elif chunks[h]["freed_at_count"] < safe_frontier:
+            chunks[h]["freed_at_count"] = 0
+            merge_h[nm] = h
+            merge_g[nm] = g
+            nm += 1
+        elif required_bytes > 0:
+            merge_h[nm] = h
+            merge_g[nm] = g
+            nm += 1
+        else:
+            keep_h[nk] = h
+            keep_g[nk] = g
+            nk += 1
+    state[S_TSQ_HEAD] = 0
+    state[S_TSQ_COUNT] = 0
+    for k in range(nk):
+        _queue_push(tsq, state, keep_h[k], keep_g[k])
+    satisfied = required_bytes == 0
+    force = required_bytes > 0
+    for k in range(nm):
+        h = merge_h[k]
+        if chunks[h]["generation"] != merge_g[k]:
+            continue
+        if required_bytes == 0 or not satisfied:
+            remove_free(chunks, bins, state, h)
+            nh = try_to_coalesce(chunks, bins, regions, state, h, force)
+            insert_free(chunks, bins, state, nh)
+            if force:
+                if nh != h and chunks[nh]["freed_at_count"] > 0:
+                    _queue_push(tsq, state, nh, chunks[nh]["generation"])
+                if chunks[nh]["size"] >= required_bytes:
+                    satisfied = True
+        else:
+            _queue_push(tsq, state, h, merge_g[k])
+    return satisfied

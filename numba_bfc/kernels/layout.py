@@ -1,0 +1,173 @@
+"""Table layouts shared by every kernel: structured dtypes and state slots.
+
+The allocator's whole state lives in five NumPy arrays, so kernels take arrays
+and scalars only and the Python façade can grow, copy or inspect them.
+
+Chunk table (``CHUNK_DTYPE``), one row per chunk; a row index is a chunk handle.
+Unused rows are chained through ``next`` into a free-handle list.
+
+=================  ======================================================
+``ptr``            address of the chunk's first byte
+``size``           bytes covered by the chunk (a multiple of the rounding)
+``requested_size`` bytes the client asked for (in-use chunks)
+``allocation_id``  > 0 while in use, -1 when free
+``freed_at_count`` timing-counter tag of the last timestamped free, 0 if none
+``priority``       treap priority (a hash of ``ptr``), for the ordered free sets
+``prev``/``next``  address-adjacent chunks in the same region, -1 at the ends
+``left``/``right``/``parent``  links in the owning bin's ordered free set
+``bin``            bin holding the chunk while it is free, -1 otherwise
+``region``         row in the region table
+``generation``     bumped when the row is released, so queued handles can
+                   tell a recycled row from the chunk they meant
+=================  ======================================================
+
+Bin table (``BIN_DTYPE``), one row per size class: ``bin_size`` (smallest size
+the bin holds), ``root`` (root handle of its ordered free set, -1 if empty),
+``num_chunks`` and ``total_bytes`` of the free chunks in it.
+
+Region table (``REGION_DTYPE``), one row per backend region (``size == 0``
+marks an unused row): ``base``, ``size``, ``first`` and ``last`` chunk handles.
+
+Pointer map: ``int64[cap, 2]`` open-addressing hash table ``(ptr, handle)`` of
+in-use chunks (key 0 = empty slot), so pointer -> chunk is O(1) and host
+metadata stays O(number of chunks), unlike TF's one handle per 256 bytes.
+
+State: ``int64[STATE_SIZE]`` of counters, indexed by the ``S_*`` constants.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CHUNK_DTYPE = np.dtype(
+    [
+        ("ptr", np.int64),
+        ("size", np.int64),
+        ("requested_size", np.int64),
+        ("allocation_id", np.int64),
+        ("freed_at_count", np.int64),
+        ("priority", np.int64),
+        ("prev", np.int32),
+        ("next", np.int32),
+        ("left", np.int32),
+        ("right", np.int32),
+        ("parent", np.int32),
+        ("bin", np.int32),
+        ("region", np.int32),
+        ("generation", np.int32),
+    ]
+)
+
+BIN_DTYPE = np.dtype(
+    [
+        ("bin_size", np.int64),
+        ("root", np.int64),
+        ("num_chunks", np.int64),
+        ("total_bytes", np.int64),
+    ]
+)
+
+REGION_DTYPE = np.dtype(
+    [
+        ("base", np.int64),
+        ("size", np.int64),
+        ("first", np.int64),
+        ("last", np.int64),
+    ]
+)
+
+NO_HANDLE = -1
+
+# State slots.
+S_NEXT_ALLOCATION_ID = 0
+S_NUM_ALLOCS = 1
+S_BYTES_IN_USE = 2
+S_PEAK_BYTES_IN_USE = 3
+S_LARGEST_ALLOC_SIZE = 4
+S_POOL_BYTES = 5
+S_PEAK_POOL_BYTES = 6
+S_FREE_HEAD = 7  # head of the free-handle list
+S_FREE_ROWS = 8  # rows on the free-handle list
+S_MAP_COUNT = 9  # keys in the pointer map
+S_NUM_FREE_CHUNKS = 10
+S_NUM_IN_USE = 11
+S_MAX_INTERNAL_FRAGMENTATION = 12  # BFC split threshold, bytes
+S_MIN_ALLOCATION = 13  # rounding quantum (256 for BFC)
+S_TSQ_HEAD = 14  # timestamped-chunk queue (ring buffer) head
+S_TSQ_COUNT = 15
+S_NUM_REGIONS = 16
+S_NUM_BINS = 17
+STATE_SIZE = 24
+
+# Kernel status codes (allocation kernels return a pointer > 0 on success).
+NEED_ROWS = -1  # a table is full: the façade grows it and calls again
+NOT_FOUND = -2  # no free chunk fits: the façade extends the pool or fails
+INVALID_POINTER = -3  # not a live allocation
+
+# Rows every mutating kernel may consume in one call (padding split,
+# remainder split, one new region chunk); checked before anything changes.
+ROWS_PER_OPERATION = 3
+
+
+def new_tables(num_bins: int, min_allocation: int, chunk_rows: int = 1024,
+               map_slots: int = 2048, region_rows: int = 16, queue_slots: int = 64):
+    """Fresh, empty tables: ``(chunks, bins, regions, pmap, state, tsq)``."""
+    chunks = np.zeros(chunk_rows, dtype=CHUNK_DTYPE)
+    bins = np.zeros(num_bins, dtype=BIN_DTYPE)
+    bins["root"] = NO_HANDLE
+    bins["bin_size"] = min_allocation << np.arange(num_bins, dtype=np.int64)
+    regions = np.zeros(region_rows, dtype=REGION_DTYPE)
+    regions["first"] = NO_HANDLE
+    regions["last"] = NO_HANDLE
+    pmap = np.zeros((map_slots, 2), dtype=np.int64)
+    state = np.zeros(STATE_SIZE, dtype=np.int64)
+    state[S_NEXT_ALLOCATION_ID] = 1
+    state[S_FREE_HEAD] = NO_HANDLE
+    state[S_MIN_ALLOCATION] = min_allocation
+    state[S_NUM_BINS] = num_bins
+    tsq = np.zeros((queue_slots, 2), dtype=np.int64)
+    _chain_rows(chunks, state, 0, chunk_rows)
+    return chunks, bins, regions, pmap, state, tsq
+
+
+def _chain_rows(chunks: np.ndarray, state: np.ndarray, start: int, stop: int) -> None:
+    """Put rows ``start..stop-1`` on the free-handle list (vectorised, no kernel)."""
+    rows = chunks[start:stop]
+    rows["allocation_id"] = -1
+    for field in ("prev", "left", "right", "parent", "bin", "region"):
+        rows[field] = NO_HANDLE
+    nxt = np.arange(start + 1, stop + 1, dtype=np.int32)
+    nxt[-1] = state[S_FREE_HEAD]
+    rows["next"] = nxt
+    state[S_FREE_HEAD] = start
+    state[S_FREE_ROWS] += stop - start
+
+
+def grow_chunks(chunks: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """Double the chunk table; new rows join the free-handle list."""
+    old = chunks.shape[0]
+    grown = np.zeros(2 * old, dtype=CHUNK_DTYPE)
+    grown[:old] = chunks
+    _chain_rows(grown, state, old, 2 * old)
+    return grown
+
+
+def grow_regions(regions: np.ndarray) -> np.ndarray:
+    """Double the region table."""
+    old = regions.shape[0]
+    grown = np.zeros(2 * old, dtype=REGION_DTYPE)
+    grown[:old] = regions
+    grown["first"][old:] = NO_HANDLE
+    grown["last"][old:] = NO_HANDLE
+    return grown
+
+
+def grow_queue(tsq: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """Double the timestamped-chunk ring buffer, unrolling it to start at 0."""
+    cap = tsq.shape[0]
+    head, count = int(state[S_TSQ_HEAD]), int(state[S_TSQ_COUNT])
+    order = (head + np.arange(count)) % cap
+    grown = np.zeros((2 * cap, 2), dtype=np.int64)
+    grown[:count] = tsq[order]
+    state[S_TSQ_HEAD] = 0
+    return grown

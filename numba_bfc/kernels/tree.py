@@ -1,0 +1,169 @@
+"""Ordered free sets: one treap per bin, kept in the chunk table's link fields.
+
+Each bin orders its free chunks by ``(size, ptr)``, as TF's ``std::set`` with
+its ``ChunkComparator`` does, so walking a bin in order visits chunks smallest
+first and lowest address first among equals. A treap (a BST that is also a
+heap on a pseudo-random priority) keeps that order with O(log n) expected
+insert, remove and lower-bound, with no memory beyond three links per chunk.
+Priorities are a hash of the chunk's address, so the tree's shape depends only
+on which chunks are free, not on the order operations happened in.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .layout import NO_HANDLE
+
+
+@njit(cache=True, inline="always")
+def chunk_priority(ptr):
+    """SplitMix64 of the address, as a non-negative int64 heap priority."""
+    z = np.uint64(ptr) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return np.int64(z >> np.uint64(1))
+
+
+@njit(cache=True, inline="always")
+def _key_less(chunks, a, b):
+    sa = chunks[a]["size"]
+    sb = chunks[b]["size"]
+    if sa != sb:
+        return sa < sb
+    return chunks[a]["ptr"] < chunks[b]["ptr"]
+
+
+@njit(cache=True)
+def _rotate_up(chunks, bins, b, h):
+    # Lift h above its parent p, keeping in-order sequence intact.
+    p = chunks[h]["parent"]
+    g = chunks[p]["parent"]
+    if chunks[p]["left"] == h:
+        child = chunks[h]["right"]
+        chunks[p]["left"] = child
+        if child != NO_HANDLE:
+            chunks[child]["parent"] = p
+        chunks[h]["right"] = p
+    else:
+        child = chunks[h]["left"]
+        chunks[p]["right"] = child
+        if child != NO_HANDLE:
+            chunks[child]["parent"] = p
+        chunks[h]["left"] = p
+    chunks[p]["parent"] = h
+    chunks[h]["parent"] = g
+    if g == NO_HANDLE:
+        bins[b]["root"] = h
+    elif chunks[g]["left"] == p:
+        chunks[g]["left"] = h
+    else:
+        chunks[g]["right"] = h
+
+
+@njit(cache=True)
+def tree_insert(chunks, bins, b, h):
+    """Insert free chunk ``h`` into bin ``b``'s ordered set."""
+    chunks[h]["left"] = NO_HANDLE
+    chunks[h]["right"] = NO_HANDLE
+    chunks[h]["priority"] = chunk_priority(chunks[h]["ptr"])
+    root = bins[b]["root"]
+    bins[b]["num_chunks"] += 1
+    bins[b]["total_bytes"] += chunks[h]["size"]
+    if root == NO_HANDLE:
+        chunks[h]["parent"] = NO_HANDLE
+        bins[b]["root"] = h
+        return
+    x = root
+    while True:
+        if _key_less(chunks, h, x):
+            nxt = chunks[x]["left"]
+            if nxt == NO_HANDLE:
+                chunks[x]["left"] = h
+                break
+        else:
+            nxt = chunks[x]["right"]
+            if nxt == NO_HANDLE:
+                chunks[x]["right"] = h
+                break
+        x = nxt
+    chunks[h]["parent"] = x
+    prio = chunks[h]["priority"]
+    while True:
+        p = chunks[h]["parent"]
+        if p == NO_HANDLE or chunks[p]["priority"] >= prio:
+            break
+        _rotate_up(chunks, bins, b, h)
+
+
+@njit(cache=True)
+def tree_remove(chunks, bins, b, h):
+    """Remove chunk ``h`` from bin ``b``'s ordered set."""
+    # Rotate h down until it has at most one child, then splice it out.
+    while chunks[h]["left"] != NO_HANDLE and chunks[h]["right"] != NO_HANDLE:
+        lft = chunks[h]["left"]
+        rgt = chunks[h]["right"]
+        if chunks[lft]["priority"] > chunks[rgt]["priority"]:
+            _rotate_up(chunks, bins, b, lft)
+        else:
+            _rotate_up(chunks, bins, b, rgt)
+    child = chunks[h]["left"]
+    if child == NO_HANDLE:
+        child = chunks[h]["right"]
+    p = chunks[h]["parent"]
+    if child != NO_HANDLE:
+        chunks[child]["parent"] = p
+    if p == NO_HANDLE:
+        bins[b]["root"] = child
+    elif chunks[p]["left"] == h:
+        chunks[p]["left"] = child
+    else:
+        chunks[p]["right"] = child
+    chunks[h]["left"] = NO_HANDLE
+    chunks[h]["right"] = NO_HANDLE
+    chunks[h]["parent"] = NO_HANDLE
+    bins[b]["num_chunks"] -= 1
+    bins[b]["total_bytes"] -= chunks[h]["size"]
+
+
+@njit(cache=True)
+def tree_lower_bound(chunks, root, size):
+    """First chunk in order with ``size >= size`` (ties: lowest address), or -1."""
+    best = NO_HANDLE
+    x = root
+    while x != NO_HANDLE:
+        if chunks[x]["size"] >= size:
+            best = x
+            x = chunks[x]["left"]
+        else:
+            x = chunks[x]["right"]
+    return best
+
+
+@njit(cache=True)
+def tree_successor(chunks, h):
+    """Next chunk in ``(size, ptr)`` order after ``h`` in the same bin, or -1."""
+    x = chunks[h]["right"]
+    if x != NO_HANDLE:
+        while chunks[x]["left"] != NO_HANDLE:
+            x = chunks[x]["left"]
+        return x
+    x = h
+    p = chunks[x]["parent"]
+    while p != NO_HANDLE and chunks[p]["right"] == x:
+        x = p
+        p = chunks[x]["parent"]
+    return p
+
+
+@njit(cache=True)
+def tree_max(chunks, root):
+    """Last chunk in order (the largest, highest address among equals), or -1."""
+    x = root
+    if x == NO_HANDLE:
+        return x
+    while chunks[x]["right"] != NO_HANDLE:
+        x = chunks[x]["right"]
+    return x

@@ -1,0 +1,76 @@
+"""Task profiles, positional maximums and lower bounds on memory use."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _kernels as K
+from .records import as_records, record_dims
+
+__all__ = ["calculate_task_profiles", "calculate_positional_maximums", "lower_bound"]
+
+
+def _columns(records) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    recs = as_records(records)
+    if record_dims(recs) != 1:
+        raise ValueError("profiles and bounds need 1-D (byte) sizes")
+    return (
+        np.ascontiguousarray(recs["size"]),
+        np.ascontiguousarray(recs["first"]),
+        np.ascontiguousarray(recs["last"]),
+    )
+
+
+def calculate_task_profiles(records) -> list[np.ndarray]:
+    """Records live at each task (TFLite ``CalculateTaskProfiles``).
+
+    Returns one int64 array per task ``0..max(last)``: the indices of the
+    records live at that task, by size descending, ties by lower index.
+    O(n log n + T + sum of interval lengths).
+
+    Examples
+    --------
+    >>> [p.tolist() for p in calculate_task_profiles([(16, 0, 1), (8, 1, 2)])]
+    [[0], [0, 1], [1]]
+    """
+    indptr, idx = K.task_profiles(*_columns(records))
+    return [idx[indptr[t] : indptr[t + 1]] for t in range(indptr.shape[0] - 1)]
+
+
+def calculate_positional_maximums(records) -> np.ndarray:
+    """``PM[k]`` = the largest k-th biggest live size over all tasks.
+
+    TFLite ``CalculatePositionalMaximums``; non-increasing in ``k``. Computed
+    from the live sets at start times only, O(n log n + P log P).
+
+    Examples
+    --------
+    >>> calculate_positional_maximums([(16, 0, 1), (8, 1, 2), (64, 2, 3)]).tolist()
+    [64, 8]
+    """
+    return K.positional_maximums(*_columns(records))
+
+
+def lower_bound(records, kind: str = "offsets") -> int:
+    """A lower bound on the memory any plan needs.
+
+    Parameters
+    ----------
+    records : array_like
+        1-D usage records.
+    kind : {"offsets", "objects"}
+        ``"offsets"``: the most bytes live at one task (every single-arena
+        plan needs at least that). ``"objects"``: the sum of positional
+        maximums (every shared-objects plan's k-th largest object is at least
+        ``PM[k]``). ``offsets <= objects`` always.
+
+    Returns
+    -------
+    int
+    """
+    if kind not in ("offsets", "objects"):
+        raise ValueError(f"kind must be 'offsets' or 'objects', got {kind!r}")
+    cols = _columns(records)
+    if kind == "offsets":
+        return int(K.max_live_bytes(*cols))
+    return int(K.positional_maximums(*cols).sum())

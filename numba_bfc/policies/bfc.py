@@ -1,0 +1,197 @@
+"""TensorFlow's BFC policy: best fit over size bins, split rule, one kernel per call.
+
+``bfc_allocate`` is TF's ``FindChunkPtr`` + ``AllocateChunkFromLowEnd`` +
+``FinishChunkAllocation``; ``bfc_deallocate`` is ``DeallocateRawInternal``
+without a timing counter. Growth (``Extend``) needs the backend, so it stays
+in the façade: a kernel answers ``NOT_FOUND`` and the façade extends and calls
+again.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from ..kernels.chunks import (
+    bin_for_size,
+    insert_free,
+    queue_timestamped,
+    remove_free,
+    round_up,
+    split_chunk,
+    try_to_coalesce,
+)
+from ..kernels.layout import (
+    INVALID_POINTER,
+    NEED_ROWS,
+    NO_HANDLE,
+    NOT_FOUND,
+    ROWS_PER_OPERATION,
+    S_BYTES_IN_USE,
+    S_FREE_ROWS,
+    S_LARGEST_ALLOC_SIZE,
+    S_MAP_COUNT,
+    S_MAX_INTERNAL_FRAGMENTATION,
+    S_MIN_ALLOCATION,
+    S_NEXT_ALLOCATION_ID,
+    S_NUM_ALLOCS,
+    S_NUM_BINS,
+    S_NUM_IN_USE,
+    S_PEAK_BYTES_IN_USE,
+    S_TSQ_COUNT,
+)
+from ..kernels.ptrmap import map_insert, map_lookup, map_remove
+from ..kernels.tree import tree_lower_bound, tree_successor
+
+
+@njit(cache=True, inline="always")
+def alignment_padding(ptr, alignment, quantum):
+    """Bytes to skip so an allocation at ``ptr`` starts aligned (a whole chunk)."""
+    aligned = (ptr + alignment - 1) & ~(alignment - 1)
+    return round_up(aligned - ptr, quantum)
+
+
+@njit(cache=True)
+def find_fit(chunks, bins, state, rounded, alignment, freed_before):
+    """Best fit: first chunk in ``(size, ptr)`` order, from the request's bin up,
+    that holds ``rounded`` bytes after alignment padding and is not tagged later
+    than ``freed_before``. Returns a handle or -1.
+    """
+    quantum = state[S_MIN_ALLOCATION]
+    nbins = state[S_NUM_BINS]
+    for b in range(bin_for_size(rounded, quantum, nbins), nbins):
+        if bins[b]["num_chunks"] == 0:
+            continue
+        h = tree_lower_bound(chunks, bins[b]["root"], rounded)
+        while h != NO_HANDLE:
+            if freed_before > 0 and freed_before < chunks[h]["freed_at_count"]:
+                h = tree_successor(chunks, h)
+                continue
+            pad = alignment_padding(chunks[h]["ptr"], alignment, quantum)
+            if chunks[h]["size"] >= rounded + pad:
+                return h
+            h = tree_successor(chunks, h)
+    return NO_HANDLE
+
+
+@njit(cache=True, inline="always")
+def should_split(size, rounded, max_internal_fragmentation):
+    """TF's rule: split if the chunk is at least twice the request, or keeping
+    it whole would waste at least ``max_internal_fragmentation`` bytes."""
+    return size >= rounded * 2 or size - rounded >= max_internal_fragmentation
+
+
+@njit(cache=True)
+def bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed_before):
+    """Serve ``num_bytes`` (> 0) from the free chunks.
+
+    Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
+    nothing has changed.
+    """
+    if state[S_FREE_ROWS] < ROWS_PER_OPERATION or 2 * (state[S_MAP_COUNT] + 1) > pmap.shape[0]:
+        return NEED_ROWS
+    quantum = state[S_MIN_ALLOCATION]
+    rounded = round_up(num_bytes, quantum)
+    alignment = max(alignment, quantum)
+    h = find_fit(chunks, bins, state, rounded, alignment, freed_before)
+    if h == NO_HANDLE:
+        return NOT_FOUND
+    remove_free(chunks, bins, state, h)
+    pad = alignment_padding(chunks[h]["ptr"], alignment, quantum)
+    if pad > 0:
+        # The unaligned prefix stays behind as a free chunk of its own.
+        aligned = split_chunk(chunks, bins, regions, state, h, pad, False)
+        insert_free(chunks, bins, state, h)
+        h = aligned
+    if should_split(chunks[h]["size"], rounded, state[S_MAX_INTERNAL_FRAGMENTATION]):
+        split_chunk(chunks, bins, regions, state, h, rounded, True)
+    size = chunks[h]["size"]
+    chunks[h]["requested_size"] = num_bytes
+    chunks[h]["allocation_id"] = state[S_NEXT_ALLOCATION_ID]
+    state[S_NEXT_ALLOCATION_ID] += 1
+    state[S_NUM_ALLOCS] += 1
+    state[S_NUM_IN_USE] += 1
+    state[S_BYTES_IN_USE] += size
+    state[S_PEAK_BYTES_IN_USE] = max(state[S_PEAK_BYTES_IN_USE], state[S_BYTES_IN_USE])
+    state[S_LARGEST_ALLOC_SIZE] = max(state[S_LARGEST_ALLOC_SIZE], size)
+    ptr = chunks[h]["ptr"]
+    map_insert(pmap, state, ptr, h)
+    return ptr
+
+
+@njit(cache=True)
+def _mark_free(chunks, pmap, state, ptr, freed_at_count):
+    h = map_remove(pmap, state, ptr)
+    if h == NO_HANDLE:
+        return NO_HANDLE
+    chunks[h]["allocation_id"] = -1
+    chunks[h]["freed_at_count"] = freed_at_count
+    state[S_BYTES_IN_USE] -= chunks[h]["size"]
+    state[S_NUM_IN_USE] -= 1
+    return h
+
+
+@njit(cache=True)
+def bfc_deallocate(chunks, bins, regions, pmap, state, ptr):
+    """Free the allocation at ``ptr`` and coalesce; returns its size or ``INVALID_POINTER``."""
+    h = _mark_free(chunks, pmap, state, ptr, 0)
+    if h == NO_HANDLE:
+        return INVALID_POINTER
+    size = chunks[h]["size"]
+    insert_free(chunks, bins, state, try_to_coalesce(chunks, bins, regions, state, h, False))
+    return size
+
+
+@njit(cache=True)
+def bfc_deallocate_timestamped(chunks, bins, regions, pmap, state, tsq, ptr, count):
+    """Free ``ptr`` tagged with timing count ``count`` (> 0): binned but not
+    coalesced, and queued until the safe frontier passes it."""
+    if state[S_TSQ_COUNT] >= tsq.shape[0]:
+        return NEED_ROWS
+    h = _mark_free(chunks, pmap, state, ptr, count)
+    if h == NO_HANDLE:
+        return INVALID_POINTER
+    insert_free(chunks, bins, state, h)
+    queue_timestamped(chunks, state, tsq, h)
+    return chunks[h]["size"]
+
+
+@njit(cache=True)
+def bfc_lookup(pmap, ptr):
+    """Handle of the live allocation at ``ptr``, or -1."""
+    return map_lookup(pmap, ptr)
+
+
+@njit(cache=True)
+def bfc_run_batch(chunks, bins, regions, pmap, state, ops, ids, sizes, alignment,
+                  id_ptr, out, start):
+    """Run operations ``start..`` of a batch inside one kernel call.
+
+    ``ops[i]`` is 0 (allocate ``sizes[i]`` bytes for id ``ids[i]``) or 1 (free
+    id ``ids[i]``); ``id_ptr`` maps ids to live addresses and ``out[i]``
+    receives the address each allocation got. Stops at the first operation the
+    kernel cannot finish alone and returns ``(index, code)``: ``NEED_ROWS`` or
+    ``NOT_FOUND`` (the façade grows or extends and resumes at ``index``), or
+    ``INVALID_POINTER``. Returns ``(len(ops), 0)`` when done.
+    """
+    n = ops.shape[0]
+    for i in range(start, n):
+        if ops[i] == 0:
+            if sizes[i] == 0:
+                id_ptr[ids[i]] = 0
+                out[i] = 0
+                continue
+            p = bfc_allocate(chunks, bins, regions, pmap, state, sizes[i], alignment, 0)
+            if p < 0:
+                return i, p
+            id_ptr[ids[i]] = p
+            out[i] = p
+        else:
+            p = id_ptr[ids[i]]
+            out[i] = 0
+            if p == 0:
+                continue
+            r = bfc_deallocate(chunks, bins, regions, pmap, state, p)
+            if r < 0:
+                return i, r
+            id_ptr[ids[i]] = 0
+    return n, 0
