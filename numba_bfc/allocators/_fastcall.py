@@ -20,23 +20,22 @@ def _enabled() -> bool:
 class Kernel:
     """A kernel handle whose ``call`` becomes the compiled entry point after first use."""
 
-    __slots__ = ("dispatcher", "call")
+    __slots__ = ("dispatcher", "call", "fast")
 
     def __init__(self, dispatcher) -> None:
         self.dispatcher = dispatcher
         self.call = self._first_call
+        self.fast = False  # True once calls bypass the dispatcher
 
     def _first_call(self, *args):
         result = self.dispatcher(*args)
-        if _enabled():
+        if not _enabled():
+            self.call = self.dispatcher
+        else:
             overloads = getattr(self.dispatcher, "overloads", {})
             if len(overloads) == 1:
                 entry = getattr(next(iter(overloads.values())), "entry_point", None)
                 if callable(entry):
                     self.call = entry
+                    self.fast = True
         return result
-
-    @property
-    def fast(self) -> bool:
-        """True once calls bypass the dispatcher."""
-        return self.call is not self._first_call and self.call is not self.dispatcher

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InvalidPointerError
 from ..kernels import layout as L
 from ..kernels.chunks import (
     add_region,
@@ -81,7 +82,8 @@ class BFCAllocator(BFCBase):
     def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION, *,
                      freed_before: int = 0) -> int:
         if (type(num_bytes) is not int or not 0 < num_bytes <= self.memory_limit
-                or alignment != MIN_ALLOCATION or freed_before or self._timestamps_used):
+                or alignment != MIN_ALLOCATION or type(alignment) is not int
+                or freed_before or self._timestamps_used):
             return super().allocate_raw(num_bytes, alignment, freed_before=freed_before)
         with self._lock:
             p = _ALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap, self._state,
@@ -112,7 +114,7 @@ class BFCAllocator(BFCBase):
             0 = allocate, 1 = free.
         ids : array of int
             Allocation ids in ``[0, max_id]``: a free names the id of an earlier
-            allocation.
+            allocation in the same batch (ids may be reused once freed).
         sizes : array of int
             Bytes for each allocation (ignored for frees; 0 allocates nothing).
 
@@ -143,7 +145,7 @@ class BFCAllocator(BFCBase):
             i = int(np.argmax(sizes > self.memory_limit))
             with self._lock:
                 raise self._out_of_memory(int(sizes[i]), 0, alignment, "limit")
-        id_ptr = np.zeros(int(ids.max()) + 1 if ids.size else 1, dtype=np.int64)
+        id_ptr = np.full(int(ids.max()) + 1 if ids.size else 1, -1, dtype=np.int64)
         out = np.zeros(ops.shape[0], dtype=np.int64)
         i = 0
         with self._lock:
@@ -162,7 +164,9 @@ class BFCAllocator(BFCBase):
                     out[i] = p
                     i += 1
                 else:
-                    raise self._invalid_pointer(int(id_ptr[ids[i]]))
+                    raise InvalidPointerError(
+                        f"{self._name}: batch operation {i} frees id {int(ids[i])}, which is "
+                        "not live in this batch", ptr=0, kind="unknown")
 
     @property
     def tables(self) -> dict[str, np.ndarray]:

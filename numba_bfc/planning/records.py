@@ -48,7 +48,10 @@ def _as_int_array(values, name: str) -> np.ndarray:
 
 def _check(records: np.ndarray) -> np.ndarray:
     sizes = records["size"]
-    bad = np.flatnonzero((sizes < 0).reshape(len(records), -1).any(axis=1))
+    neg = sizes < 0
+    if neg.ndim > 1:
+        neg = neg.any(axis=1)
+    bad = np.flatnonzero(neg)
     if bad.size:
         i = int(bad[0])
         raise ValueError(f"record {i}: negative size {records[i]['size'].tolist()}")

@@ -260,7 +260,9 @@ def objects_to_offsets(assignment: ObjectsAssignment) -> OffsetsAssignment:
     return OffsetsAssignment(starts[ids], int(starts[-1]))
 
 
-def assign_offsets(records, strategy: str = "greedy_by_size", alignment: int = 1) -> OffsetsAssignment:
+def assign_offsets(
+    records, strategy: str = "greedy_by_size", alignment: int = 1
+) -> OffsetsAssignment:
     """Place tensors in one arena (TFLite ``AssignOffsetsToTensors``).
 
     Parameters

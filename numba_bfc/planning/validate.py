@@ -26,7 +26,7 @@ def _validate_objects(recs: np.ndarray, a: ObjectsAssignment) -> None:
         return
     if ids.min() < 0 or ids.max() >= osizes.shape[0]:
         raise ValueError("object_ids refer to objects outside object_sizes")
-    small = (osizes[ids] < sizes).reshape(n, -1).any(axis=1)
+    small = (osizes[ids] < sizes).reshape(n, -1).any(axis=1)  # n > 0 here
     if small.any():
         i = int(np.flatnonzero(small)[0])
         raise ValueError(

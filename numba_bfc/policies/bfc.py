@@ -167,7 +167,8 @@ def bfc_run_batch(chunks, bins, regions, pmap, state, ops, ids, sizes, alignment
     """Run operations ``start..`` of a batch inside one kernel call.
 
     ``ops[i]`` is 0 (allocate ``sizes[i]`` bytes for id ``ids[i]``) or 1 (free
-    id ``ids[i]``); ``id_ptr`` maps ids to live addresses and ``out[i]``
+    id ``ids[i]``); ``id_ptr`` maps ids to live addresses (-1: not live, 0: a
+    zero-byte allocation) and ``out[i]``
     receives the address each allocation got. Stops at the first operation the
     kernel cannot finish alone and returns ``(index, code)``: ``NEED_ROWS`` or
     ``NOT_FOUND`` (the façade grows or extends and resumes at ``index``), or
@@ -188,10 +189,13 @@ def bfc_run_batch(chunks, bins, regions, pmap, state, ops, ids, sizes, alignment
         else:
             p = id_ptr[ids[i]]
             out[i] = 0
+            if p < 0:
+                return i, INVALID_POINTER
             if p == 0:
+                id_ptr[ids[i]] = -1
                 continue
             r = bfc_deallocate(chunks, bins, regions, pmap, state, p)
             if r < 0:
                 return i, r
-            id_ptr[ids[i]] = 0
+            id_ptr[ids[i]] = -1
     return n, 0

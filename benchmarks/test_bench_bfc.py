@@ -1,0 +1,126 @@
+"""BFC speed, always side by side with a baseline in the same run.
+
+Run: ``python -m pytest benchmarks/test_bench_bfc.py --benchmark-columns=min,median,mean,rounds``
+"""
+
+import random
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from numba_bfc import BFCAllocator
+from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.reference import ReferenceBFCAllocator
+
+MiB = 1 << 20
+PAIRS = 2000  # alloc+free pairs per benchmark round
+
+
+def _churn_setup(cls, live_count, seed=0, max_size=4 * MiB):
+    """An allocator holding ``live_count`` random allocations, warmed to steady state."""
+    a = cls(VirtualSubAllocator(), memory_limit=1 << 44)
+    rng = random.Random(seed)
+    sizes = [rng.randint(256, max_size) for _ in range(live_count)]
+    if hasattr(a, "run_batch") and live_count > 10_000:
+        ops = np.zeros(live_count, dtype=np.int8)
+        live = a.run_batch(ops, np.arange(live_count), np.array(sizes)).tolist()
+    else:
+        live = [a.allocate_raw(s) for s in sizes]
+    churn = [(rng.randrange(live_count), rng.randint(256, max_size)) for _ in range(PAIRS)]
+    # One warm-up pass so the pool has grown to its steady state.
+    for slot, size in churn:
+        a.deallocate_raw(live[slot])
+        live[slot] = a.allocate_raw(size)
+    return a, live, churn
+
+
+def _run_churn(a, live, churn):
+    free, alloc = a.deallocate_raw, a.allocate_raw
+    for slot, size in churn:
+        free(live[slot])
+        live[slot] = alloc(size)
+
+
+@pytest.mark.benchmark(group="pair-1000-live")
+@pytest.mark.parametrize("cls", [BFCAllocator, ReferenceBFCAllocator], ids=["numba", "reference"])
+def test_alloc_free_pair_1000_live(benchmark, cls):
+    """Free one of ~1000 live allocations and allocate 256 B - 4 MiB in its place."""
+    a, live, churn = _churn_setup(cls, 1000)
+    benchmark.extra_info["pairs_per_round"] = PAIRS
+    benchmark(_run_churn, a, live, churn)
+
+
+@pytest.mark.benchmark(group="pair-scaling")
+@pytest.mark.parametrize("live_count", [1000, 1_000_000], ids=["1k-live", "1M-live"])
+def test_pair_scaling(benchmark, live_count):
+    """Per-pair time with 1,000,000 live chunks against 1,000, same sizes (256 B - 4 KiB)."""
+    a, live, churn = _churn_setup(BFCAllocator, live_count, max_size=4096)
+    benchmark.extra_info["pairs_per_round"] = PAIRS
+    benchmark(_run_churn, a, live, churn)
+
+
+@pytest.mark.benchmark(group="batch")
+@pytest.mark.parametrize("mode", ["batch", "per-call"])
+def test_batch_throughput(benchmark, mode):
+    """1,000,000 operations (random churn, ~1000 live) in one kernel call vs one call each."""
+    rng = np.random.default_rng(0)
+    n = 1_000_000 if mode == "batch" else 100_000
+    ops = np.zeros(n, dtype=np.int8)
+    ids = np.zeros(n, dtype=np.int64)
+    live, next_id = [], 0
+    for i in range(n):
+        if len(live) > 1000 or (live and rng.random() < 0.5):
+            ops[i] = 1
+            ids[i] = live.pop(int(rng.integers(len(live))))
+        else:
+            ids[i] = next_id
+            live.append(next_id)
+            next_id += 1
+    sizes = np.where(ops == 0, rng.integers(256, 4 * MiB, n), 0)
+    benchmark.extra_info["operations"] = n
+
+    def run():
+        a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 44)
+        if mode == "batch":
+            a.run_batch(ops, ids, sizes)
+        else:
+            addr = {}
+            for op, i, s in zip(ops.tolist(), ids.tolist(), sizes.tolist()):
+                if op == 0:
+                    addr[i] = a.allocate_raw(s)
+                else:
+                    a.deallocate_raw(addr.pop(i))
+
+    benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+
+
+_FIRST = r"""
+import time
+t0 = time.perf_counter()
+import numba_bfc
+from numba_bfc.backends import VirtualSubAllocator
+t1 = time.perf_counter()
+a = numba_bfc.BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
+a.deallocate_raw(a.allocate_raw(1000))
+t2 = time.perf_counter()
+print(t1 - t0, t2 - t1)
+"""
+
+
+def test_first_call_cold_and_warm(tmp_path):
+    """Import time and first allocation+free, with an empty and a warm Numba cache."""
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PATH": ""}
+    out = {}
+    for label in ("cold", "warm"):
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, "-c", _FIRST], capture_output=True, text=True,
+                           check=True, env=env)
+        imp, first = map(float, r.stdout.split())
+        out[label] = (imp, first, time.perf_counter() - t)
+    for label, (imp, first, total) in out.items():
+        print(f"\n{label}: import {imp:.3f} s, first allocate+free {first:.3f} s, "
+              f"process {total:.3f} s")
+    assert out["warm"][1] < out["cold"][1]

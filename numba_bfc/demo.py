@@ -1,0 +1,59 @@
+"""The demo behind ``python -m numba_bfc demo``: a BFC allocator at work, on CPU."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from . import BFCAllocator, OutOfMemoryError
+from .backends import VirtualSubAllocator
+from .stats import format_bytes
+
+
+def _gpu_available() -> bool:
+    try:
+        from numba import cuda
+
+        return bool(cuda.is_available())
+    except Exception:  # no numba-cuda, no driver: CPU only
+        return False
+
+
+def run(num_ops: int = 20000, seed: int = 0, memory_limit: int = 256 << 20) -> int:
+    """Drive a BFC allocator on the simulated backend and print what it did."""
+    print("numba_bfc demo: TensorFlow's BFC allocator as Numba kernels")
+    gpu = _gpu_available()
+    print("GPU: " + ("available (CUDA backends are not built yet; using the simulated space)"
+                     if gpu else "none; simulated address space"))
+    alloc = BFCAllocator(VirtualSubAllocator(), memory_limit=memory_limit, name="demo")
+    rng = random.Random(seed)
+    live: list[int] = []
+    t0 = time.perf_counter()
+    alloc.allocate_raw(256)  # first call compiles or loads the kernels
+    t_first = time.perf_counter() - t0
+    ooms = 0
+    t0 = time.perf_counter()
+    for _ in range(num_ops):
+        if live and rng.random() < 0.48:
+            alloc.deallocate_raw(live.pop(rng.randrange(len(live))))
+        else:
+            size = int(rng.lognormvariate(10, 2.0)) + 1
+            try:
+                live.append(alloc.allocate_raw(size))
+            except OutOfMemoryError:
+                ooms += 1
+    elapsed = time.perf_counter() - t0
+    s = alloc.get_stats()
+    print(f"first call (compile or cache load): {t_first * 1e3:.0f} ms")
+    print(f"{num_ops} random allocate/free calls in {elapsed * 1e3:.0f} ms "
+          f"({elapsed / num_ops * 1e6:.2f} us per call), {ooms} out-of-memory")
+    print(f"live allocations: {len(live)}, regions: {len(alloc.regions())}")
+    print(s.debug_string())
+    print("occupancy ('*' requested, 'x' rounding/unsplit waste, '_' free):")
+    print(alloc.render_occupancy())
+    try:
+        alloc.allocate_raw(memory_limit)
+    except OutOfMemoryError as e:
+        print(f"asking for the whole limit: OutOfMemoryError ({e.reason}); "
+              f"largest free block {format_bytes(e.stats.largest_free_block_bytes)}")
+    return 0

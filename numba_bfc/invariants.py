@@ -1,0 +1,167 @@
+"""Consistency checks over an allocator's state, for tests and debugging.
+
+``check_invariants(allocator)`` raises ``InvariantError`` naming the first
+broken rule. It checks what any BFC allocator must satisfy (chunks tile each
+region, no two adjacent free chunks unless timestamped frees were used, stats
+agree with the chunks) and,
+for ``BFCAllocator``, the tables themselves (bin trees ordered and balanced as
+treaps, every free chunk in the right bin exactly once, the pointer map exact,
+the free-handle list complete).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .allocators._bfc_base import MIN_ALLOCATION, NUM_BINS
+from .allocators._report import bin_of
+from .kernels import layout as L
+
+__all__ = ["InvariantError", "check_invariants"]
+
+
+class InvariantError(AssertionError):
+    """An allocator's state breaks one of its invariants."""
+
+
+def _require(cond, message: str) -> None:
+    if not cond:
+        raise InvariantError(message)
+
+
+def check_invariants(allocator) -> None:
+    """Check ``allocator`` (a ``BFCAllocator`` or ``ReferenceBFCAllocator``)."""
+    with allocator._lock:
+        records = allocator._records()
+        regions = allocator._region_list()
+        counters = allocator._counters()
+        largest = allocator._largest_free()
+        _check_records(records, regions, counters, largest, allocator.memory_limit,
+                       allocator._timestamps_used)
+        if hasattr(allocator, "_chunks"):
+            _check_tables(allocator)
+
+
+def _check_records(records, regions, counters, largest, limit, timestamps_used) -> None:
+    addresses = records["address"]
+    _require(np.all(np.diff(addresses) > 0), "chunk addresses are not strictly increasing")
+    total = 0
+    for base, size in regions:
+        lo = int(np.searchsorted(addresses, base))
+        hi = int(np.searchsorted(addresses, base + size))
+        part = records[lo:hi]
+        _require(part.size > 0 and int(part["address"][0]) == base,
+                 f"region {base:#x} does not start with a chunk")
+        ends = part["address"] + part["size"]
+        _require(np.array_equal(ends[:-1], part["address"][1:]),
+                 f"chunks of region {base:#x} leave a gap or overlap")
+        _require(int(ends[-1]) == base + size, f"chunks of region {base:#x} do not end at its end")
+        # TF's TryToCoalesce merges one neighbour on each side, so once tagged
+        # chunks pass the safe frontier a merged chunk can end up beside another
+        # free chunk; that is TF's behaviour, and only possible after timestamps.
+        if not timestamps_used:
+            free = ~part["in_use"]
+            _require(not np.any(free[:-1] & free[1:]),
+                     f"two adjacent free chunks in region {base:#x}")
+        total += hi - lo
+    _require(total == records.shape[0], "a chunk lies outside every region")
+    _require(np.all(records["size"] % MIN_ALLOCATION == 0), "a chunk size is not a multiple of 256")
+    _require(np.all(addresses % MIN_ALLOCATION == 0), "a chunk address is not 256-aligned")
+    used = records["in_use"]
+    _require(np.all(records["requested_size"][used] <= records["size"][used]),
+             "an in-use chunk is smaller than its request")
+    _require(np.all(records["requested_size"][used] > 0), "an in-use chunk has no request")
+    expected_bins = np.array([bin_of(int(s), MIN_ALLOCATION, NUM_BINS) for s in records["size"]],
+                             dtype=np.int64)
+    _require(np.array_equal(records["bin"][~used], expected_bins[~used]),
+             "a free chunk is not in the bin for its size")
+    _require(np.all(records["bin"][used] == -1), "an in-use chunk is in a bin")
+    ids = records["allocation_id"][used]
+    _require(np.unique(ids).size == ids.size and np.all(ids > 0), "allocation ids not unique")
+    in_use = int(records["size"][used].sum())
+    _require(counters["bytes_in_use"] == in_use,
+             f"bytes_in_use {counters['bytes_in_use']} != sum of in-use chunks {in_use}")
+    pool = sum(s for _, s in regions)
+    _require(counters["pool_bytes"] == pool,
+             f"pool bytes {counters['pool_bytes']} != sum of regions {pool}")
+    _require(pool <= limit, "pool exceeds the memory limit")
+    _require(counters["peak_bytes_in_use"] >= in_use, "peak_bytes_in_use below bytes_in_use")
+    _require(counters["peak_pool_bytes"] >= pool, "peak pool bytes below pool bytes")
+    free_sizes = records["size"][~used]
+    expect_largest = int(free_sizes.max()) if free_sizes.size else 0
+    _require(largest == expect_largest, f"largest free {largest} != {expect_largest}")
+
+
+def _check_tree(chunks, bins, b) -> list[int]:
+    """In-order handles of bin ``b``'s treap, checking links, order and heap property."""
+    root = int(bins[b]["root"])
+    out: list[int] = []
+    if root == L.NO_HANDLE:
+        return out
+    _require(chunks[root]["parent"] == L.NO_HANDLE, f"bin {b}: root has a parent")
+    stack, node = [], root
+    while stack or node != L.NO_HANDLE:
+        while node != L.NO_HANDLE:
+            stack.append(node)
+            for side in ("left", "right"):
+                child = int(chunks[node][side])
+                if child != L.NO_HANDLE:
+                    _require(chunks[child]["parent"] == node, f"bin {b}: bad parent link")
+                    _require(chunks[child]["priority"] <= chunks[node]["priority"],
+                             f"bin {b}: heap order broken")
+            node = int(chunks[node]["left"])
+        node = stack.pop()
+        out.append(node)
+        _require(len(out) <= chunks.shape[0], f"bin {b}: cycle in tree")
+        node = int(chunks[node]["right"])
+    keys = [(int(chunks[h]["size"]), int(chunks[h]["ptr"])) for h in out]
+    _require(all(x < y for x, y in zip(keys, keys[1:])), f"bin {b}: not in (size, ptr) order")
+    return out
+
+
+def _check_tables(a) -> None:
+    chunks, bins, regions, pmap, st = a._chunks, a._bins, a._regions, a._pmap, a._state
+    live = np.flatnonzero(chunks["size"] > 0)
+    free_rows = np.flatnonzero(chunks["size"] == 0)
+    # Free-handle list: exactly the unused rows.
+    seen, h = set(), int(st[L.S_FREE_HEAD])
+    while h != L.NO_HANDLE:
+        _require(h not in seen, "cycle in the free-handle list")
+        seen.add(h)
+        h = int(chunks[h]["next"])
+    _require(seen == set(free_rows.tolist()), "free-handle list != unused rows")
+    _require(st[L.S_FREE_ROWS] == len(seen), "free-row count wrong")
+    # Region walks cover every live row once, with consistent links.
+    visited = 0
+    for r in np.flatnonzero(regions["size"] > 0):
+        h, prev = int(regions[r]["first"]), L.NO_HANDLE
+        while h != L.NO_HANDLE:
+            _require(chunks[h]["prev"] == prev, f"region {r}: bad prev link")
+            _require(chunks[h]["region"] == r, f"region {r}: chunk has wrong region")
+            visited += 1
+            prev, h = h, int(chunks[h]["next"])
+        _require(regions[r]["last"] == prev, f"region {r}: wrong last chunk")
+    _require(visited == live.size, "live rows not reached from any region")
+    _require(st[L.S_NUM_REGIONS] == int((regions["size"] > 0).sum()), "region count wrong")
+    # Bins: every free chunk in its bin's tree exactly once; counters right.
+    in_trees = []
+    for b in range(bins.shape[0]):
+        members = _check_tree(chunks, bins, b)
+        _require(bins[b]["num_chunks"] == len(members), f"bin {b}: count wrong")
+        _require(bins[b]["total_bytes"] == int(chunks["size"][members].sum()) if members else
+                 bins[b]["total_bytes"] == 0, f"bin {b}: byte total wrong")
+        _require(all(chunks[m]["bin"] == b for m in members), f"bin {b}: member has wrong bin")
+        in_trees.extend(members)
+    free_live = live[chunks["allocation_id"][live] == -1]
+    _require(sorted(in_trees) == sorted(free_live.tolist()),
+             "free chunks and bin members differ")
+    _require(st[L.S_NUM_FREE_CHUNKS] == len(in_trees), "free-chunk count wrong")
+    # Pointer map: exactly the in-use chunks.
+    used = live[chunks["allocation_id"][live] != -1]
+    keys = pmap[pmap[:, 0] != 0]
+    _require(st[L.S_MAP_COUNT] == keys.shape[0] == used.size, "pointer map size wrong")
+    mapping = dict(zip(keys[:, 0].tolist(), keys[:, 1].tolist()))
+    for h in used.tolist():
+        _require(mapping.get(int(chunks[h]["ptr"])) == h, "pointer map misses an in-use chunk")
+        _require(a._lookup(int(chunks[h]["ptr"])) is not None, "pointer lookup fails")
+    _require(st[L.S_NUM_IN_USE] == used.size, "in-use count wrong")

@@ -1,0 +1,51 @@
+"""The batch entry point: growth, extension and errors handled mid-batch."""
+
+import numpy as np
+import pytest
+
+from numba_bfc import BFCAllocator, InvalidPointerError, OutOfMemoryError
+from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.invariants import check_invariants
+
+MiB = 1 << 20
+
+
+def test_batch_grows_tables_and_extends_pool():
+    n = 5000  # more chunks than the initial 1024-row table, several regions
+    ops = np.repeat(np.array([0, 1], dtype=np.int8), n)
+    ids = np.concatenate([np.arange(n), np.arange(n)[::-1]])
+    a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
+    out = a.run_batch(ops, ids, np.where(ops == 0, 10_000, 0))
+    assert np.all(out[:n] > 0) and np.unique(out[:n]).size == n and np.all(out[n:] == 0)
+    s = a.get_stats()
+    # Region tails smaller than twice a request are handed out whole, so >=.
+    assert s.num_allocs == n and s.peak_bytes_in_use >= n * 10240 and len(a.regions()) > 1
+    assert s.bytes_in_use == 0
+    check_invariants(a)
+
+
+def test_batch_oom_stops_at_the_failing_operation():
+    a = BFCAllocator(VirtualSubAllocator(), memory_limit=4 * MiB)
+    with pytest.raises(OutOfMemoryError):
+        a.run_batch(np.zeros(3, dtype=np.int8), np.arange(3), np.array([MiB, 2 * MiB, 2 * MiB]))
+    assert a.get_stats().num_allocs == 2
+    check_invariants(a)
+
+
+def test_batch_rejects_bad_arrays():
+    a = BFCAllocator(VirtualSubAllocator(), memory_limit=4 * MiB)
+    with pytest.raises(ValueError, match="only 0"):
+        a.run_batch(np.array([2]), np.array([0]), np.array([1]))
+    with pytest.raises(ValueError, match="same length"):
+        a.run_batch(np.array([0, 0]), np.array([0]), np.array([1]))
+    with pytest.raises(ValueError, match="ids"):
+        a.run_batch(np.array([0]), np.array([-1]), np.array([1]))
+    with pytest.raises(OutOfMemoryError, match="larger than the memory limit"):
+        a.run_batch(np.array([0]), np.array([0]), np.array([8 * MiB]))
+    p = a.allocate_raw(1000)
+    a.deallocate_raw(p)
+    with pytest.raises(InvalidPointerError, match="operation 2 frees id 0"):
+        # id 0 allocated then freed twice: the second free names a dead id
+        a.run_batch(np.array([0, 1, 1]), np.array([0, 0, 0]), np.array([100, 0, 0]))
+    with pytest.raises(InvalidPointerError, match="operation 0 frees id 5"):
+        a.run_batch(np.array([1]), np.array([5]), np.array([0]))

@@ -1,0 +1,58 @@
+"""Package-level promises: import compiles nothing, fast calls match the dispatcher, CLI."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_NO_COMPILE = r"""
+import numba_bfc, numba_bfc.backends, numba_bfc.reference, numba_bfc.invariants
+import numba_bfc.policies.bfc as P, numba_bfc.kernels.chunks as C, numba_bfc.kernels.tree as T
+from numba.core.registry import CPUDispatcher
+compiled = [name for mod in (P, C, T) for name, obj in vars(mod).items()
+            if isinstance(obj, CPUDispatcher) and obj.signatures]
+print(len(compiled))
+"""
+
+_SCENARIO = r"""
+import json, random
+from numba_bfc import BFCAllocator
+from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.allocators import bfc as F
+a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 28)
+rng, live, out = random.Random(3), [], []
+for _ in range(3000):
+    if live and rng.random() < 0.5:
+        a.deallocate_raw(live.pop(rng.randrange(len(live))))
+    else:
+        live.append(a.allocate_raw(rng.randint(1, 1 << 18)))
+        out.append(live[-1])
+print(json.dumps([F._ALLOCATE.fast, out, a.get_stats().to_dict()]))
+"""
+
+
+def _run(code, **env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=ROOT, env={**os.environ, **env}).stdout
+
+
+def test_import_compiles_nothing():
+    assert _run(_NO_COMPILE).strip() == "0"
+
+
+def test_fast_entry_points_match_dispatcher():
+    fast, out_f, stats_f = json.loads(_run(_SCENARIO))
+    slow, out_s, stats_s = json.loads(_run(_SCENARIO, NUMBA_BFC_FASTCALL="0"))
+    assert fast is True and slow is False
+    assert out_f == out_s and stats_f == stats_s
+
+
+def test_demo_cli_runs():
+    r = subprocess.run([sys.executable, "-m", "numba_bfc", "demo", "--ops", "2000"],
+                       capture_output=True, text=True, check=True, cwd=ROOT)
+    assert "random allocate/free calls" in r.stdout and "Fragmentation:" in r.stdout
+    occupancy = r.stdout.splitlines()[-2]
+    assert len(occupancy) == 100 and set(occupancy) <= set("*x_")
