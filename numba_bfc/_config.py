@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
+from fractions import Fraction
 from typing import Any
 
 ENV_VAR = "NUMBA_BFC_CONF"
@@ -38,15 +39,11 @@ def parse_size(value: Any, *, name: str = "size") -> int:
         raise ValueError(
             f"{name}: cannot parse {value!r} as a size (use bytes or KiB/MiB/GiB/TiB)"
         )
-    number, unit = m.group(1), m.group(2).lower()
-    scale = _UNITS[unit]
-    if "." in number:
-        whole, _, frac = number.partition(".")
-        num = int(whole or "0") * scale + (int(frac or "0") * scale) // (10 ** len(frac or "0"))
-        if (int(frac or "0") * scale) % (10 ** len(frac or "0")):
-            raise ValueError(f"{name}: {value!r} is not a whole number of bytes")
-        return num
-    return int(number) * scale
+    # Fraction keeps "1.5GiB" exact where a float could round.
+    nbytes = Fraction(m.group(1)) * _UNITS[m.group(2).lower()]
+    if nbytes.denominator != 1:
+        raise ValueError(f"{name}: {value!r} is not a whole number of bytes")
+    return int(nbytes)
 
 
 def parse_bool(value: Any, *, name: str = "option") -> bool:

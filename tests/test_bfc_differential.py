@@ -40,7 +40,7 @@ configs = st.fixed_dictionaries(
 )
 
 
-def _step(a, live, op):
+def _step(a, live, freed, op):
     """Apply one operation; return an observable outcome."""
     kind, x, y = op
     try:
@@ -55,12 +55,20 @@ def _step(a, live, op):
         if kind == "free":
             if not live:
                 return None
-            a.deallocate_raw(live.pop(x % len(live)))
+            p = live.pop(x % len(live))
+            a.deallocate_raw(p)
+            freed.append(p)
             return "ok"
         if kind == "bad_free":
-            # A freed pointer, an interior pointer or an unknown one.
-            target = (live[x % len(live)] + y) if live and y else (1 << 39) + x * 256
-            if y == 0 or target not in live:
+            # y == 0: an unknown pointer; y == 1: a pointer freed earlier (a double
+            # free unless that address was handed out again); else an interior one.
+            if y == 0 or (y == 1 and not freed) or (y > 1 and not live):
+                target = (1 << 39) + x * 256
+            elif y == 1:
+                target = freed[x % len(freed)]
+            else:
+                target = live[x % len(live)] + y
+            if target not in live:
                 a.deallocate_raw(target)
             return "ok"
         if kind == "gc":
@@ -93,10 +101,10 @@ def test_numba_matches_reference(config, program):
     fast = BFCAllocator(VirtualSubAllocator(capacity, contiguous), **cfg)
     ref = ReferenceBFCAllocator(VirtualSubAllocator(capacity, contiguous), **cfg)
     fast._test_counter, ref._test_counter = SharedCounter(), SharedCounter()
-    live_f, live_r = [], []
+    live_f, live_r, freed_f, freed_r = [], [], [], []
     for op in program:
-        out_f = _step(fast, live_f, op)
-        out_r = _step(ref, live_r, op)
+        out_f = _step(fast, live_f, freed_f, op)
+        out_r = _step(ref, live_r, freed_r, op)
         assert out_f == out_r, op
         assert _observe(fast) == _observe(ref), op
         check_invariants(fast)

@@ -30,7 +30,7 @@ def test_treap_matches_sorted_list(seed):
     for _ in range(3000):
         if handles and rng.random() < 0.45:
             key = rng.choice(list(handles))
-            remove_free(chunks, bins, state, handles.pop(key))
+            remove_free(chunks, bins, handles.pop(key))
             model.remove(key)
         else:
             size = 256 * rng.randint(1, 8)  # many equal sizes: ties broken by address

@@ -31,7 +31,7 @@ def resolve_bfc_options(backend, **explicit) -> BFCOptions:
     ``memory_limit`` defaults to the backend's ``total_memory()``.
     """
     env = conf_from_env(BFC_CONF_KEYS)
-    merged = {k: v for k, v in env.items()}
+    merged = dict(env)
     merged.update({k: v for k, v in explicit.items() if v is not None})
     limit = merged.get("memory_limit")
     if limit is None:

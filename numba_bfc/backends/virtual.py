@@ -106,8 +106,6 @@ class VirtualSubAllocator(SubAllocator):
             del self._mapped[p]
         # Let a contiguous space shrink back, as unmapping the tail of a VMM range does.
         self._top = self._mapped.peekitem(-1)[1] if self._mapped else _BASE_ADDRESS
-        if not self.contiguous:
-            self._top = max(self._top, _BASE_ADDRESS)
 
     def mapped_ranges(self) -> list[tuple[int, int]]:
         """``[(start, size), ...]`` of every live range, in address order."""

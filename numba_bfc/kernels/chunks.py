@@ -17,7 +17,6 @@ from .layout import (
     S_FREE_ROWS,
     S_MIN_ALLOCATION,
     S_NUM_BINS,
-    S_NUM_FREE_CHUNKS,
     S_NUM_REGIONS,
     S_PEAK_POOL_BYTES,
     S_POOL_BYTES,
@@ -83,15 +82,13 @@ def insert_free(chunks, bins, state, h):
     b = bin_for_size(chunks[h]["size"], state[S_MIN_ALLOCATION], state[S_NUM_BINS])
     chunks[h]["bin"] = b
     tree_insert(chunks, bins, b, h)
-    state[S_NUM_FREE_CHUNKS] += 1
 
 
 @njit(cache=True)
-def remove_free(chunks, bins, state, h):
+def remove_free(chunks, bins, h):
     """Take free chunk ``h`` out of its bin."""
     tree_remove(chunks, bins, chunks[h]["bin"], h)
     chunks[h]["bin"] = NO_HANDLE
-    state[S_NUM_FREE_CHUNKS] -= 1
 
 
 @njit(cache=True)
@@ -147,13 +144,13 @@ def try_to_coalesce(chunks, bins, regions, state, h, ignore_freed_at):
     nxt = chunks[h]["next"]
     if nxt != NO_HANDLE and chunks[nxt]["allocation_id"] == -1:
         if chunks[nxt]["freed_at_count"] == 0 or ignore_freed_at:
-            remove_free(chunks, bins, state, nxt)
+            remove_free(chunks, bins, nxt)
             merge_chunks(chunks, regions, state, h, nxt)
     prv = chunks[h]["prev"]
     if prv != NO_HANDLE and chunks[prv]["allocation_id"] == -1:
         if chunks[prv]["freed_at_count"] == 0 or ignore_freed_at:
             out = prv
-            remove_free(chunks, bins, state, prv)
+            remove_free(chunks, bins, prv)
             merge_chunks(chunks, regions, state, prv, h)
     return out
 
@@ -232,7 +229,7 @@ def remove_region(chunks, bins, regions, state, r):
     while h != NO_HANDLE:
         nxt = chunks[h]["next"]
         if chunks[h]["bin"] != NO_HANDLE:
-            remove_free(chunks, bins, state, h)
+            remove_free(chunks, bins, h)
         release_row(chunks, state, h)
         h = nxt
     size = regions[r]["size"]
@@ -322,7 +319,7 @@ def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, 
         if chunks[h]["generation"] != merge_g[k]:
             continue
         if required_bytes == 0 or not satisfied:
-            remove_free(chunks, bins, state, h)
+            remove_free(chunks, bins, h)
             nh = try_to_coalesce(chunks, bins, regions, state, h, force)
             insert_free(chunks, bins, state, nh)
             if force:

@@ -88,9 +88,7 @@ S_POOL_BYTES = 5
 S_PEAK_POOL_BYTES = 6
 S_FREE_HEAD = 7  # head of the free-handle list
 S_FREE_ROWS = 8  # rows on the free-handle list
-S_MAP_COUNT = 9  # keys in the pointer map
-S_NUM_FREE_CHUNKS = 10
-S_NUM_IN_USE = 11
+S_MAP_COUNT = 9  # keys in the pointer map = allocations in use
 S_MAX_INTERNAL_FRAGMENTATION = 12  # BFC split threshold, bytes
 S_MIN_ALLOCATION = 13  # rounding quantum (256 for BFC)
 S_TSQ_HEAD = 14  # timestamped-chunk queue (ring buffer) head

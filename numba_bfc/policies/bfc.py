@@ -35,7 +35,6 @@ from ..kernels.layout import (
     S_NEXT_ALLOCATION_ID,
     S_NUM_ALLOCS,
     S_NUM_BINS,
-    S_NUM_IN_USE,
     S_PEAK_BYTES_IN_USE,
     S_TSQ_COUNT,
 )
@@ -95,7 +94,7 @@ def bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed
     h = find_fit(chunks, bins, state, rounded, alignment, freed_before)
     if h == NO_HANDLE:
         return NOT_FOUND
-    remove_free(chunks, bins, state, h)
+    remove_free(chunks, bins, h)
     pad = alignment_padding(chunks[h]["ptr"], alignment, quantum)
     if pad > 0:
         # The unaligned prefix stays behind as a free chunk of its own.
@@ -109,7 +108,6 @@ def bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed
     chunks[h]["allocation_id"] = state[S_NEXT_ALLOCATION_ID]
     state[S_NEXT_ALLOCATION_ID] += 1
     state[S_NUM_ALLOCS] += 1
-    state[S_NUM_IN_USE] += 1
     state[S_BYTES_IN_USE] += size
     state[S_PEAK_BYTES_IN_USE] = max(state[S_PEAK_BYTES_IN_USE], state[S_BYTES_IN_USE])
     state[S_LARGEST_ALLOC_SIZE] = max(state[S_LARGEST_ALLOC_SIZE], size)
@@ -126,7 +124,6 @@ def _mark_free(chunks, pmap, state, ptr, freed_at_count):
     chunks[h]["allocation_id"] = -1
     chunks[h]["freed_at_count"] = freed_at_count
     state[S_BYTES_IN_USE] -= chunks[h]["size"]
-    state[S_NUM_IN_USE] -= 1
     return h
 
 
