@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from ..errors import InvalidPointerError, OutOfMemoryError
+from ..framework.allocator import AllocationAttributes, Allocator
 from ..stats import AllocatorStats
 from . import _report
 from ._options import resolve_bfc_options
@@ -57,7 +58,7 @@ class SharedCounter:
         return self._last
 
 
-class BFCBase:
+class BFCBase(Allocator):
     """TF BFC semantics over an abstract chunk store (see module docstring)."""
 
     def __init__(
@@ -112,11 +113,17 @@ class BFCBase:
         """The sub-allocator regions come from."""
         return self._backend
 
+    @property
+    def host_accessible(self) -> bool:
+        """True when the backend hands out real host memory (``empty()`` works)."""
+        return bool(self._backend.host_accessible)
+
     def tracks_allocation_sizes(self) -> bool:
         """Always True: requested and allocated sizes are known for every pointer."""
         return True
 
-    def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION, *,
+    def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION,
+                     attributes: AllocationAttributes | None = None, *,
                      freed_before: int = 0) -> int:
         """Allocate ``num_bytes`` and return the address (0 for 0 bytes).
 
@@ -125,6 +132,8 @@ class BFCBase:
         num_bytes : int
         alignment : int
             A power of two; the address is a multiple of ``max(alignment, 256)``.
+        attributes : AllocationAttributes, optional
+            Its ``freed_before`` is used when the keyword below is 0.
         freed_before : int
             If > 0, do not reuse chunks freed with a timing count later than this.
 
@@ -137,6 +146,8 @@ class BFCBase:
         """
         n = check_size(num_bytes)
         alignment = check_alignment(alignment)
+        if attributes is not None and not freed_before:
+            freed_before = attributes.freed_before_count()
         freed_before = check_count(freed_before, "freed_before")
         if n == 0:
             return 0

@@ -79,12 +79,13 @@ class BFCAllocator(BFCBase):
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
 
     # Fast paths: one kernel call each; everything unusual goes to BFCBase.
-    def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION, *,
-                     freed_before: int = 0) -> int:
+    def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION,
+                     attributes=None, *, freed_before: int = 0) -> int:
         if (type(num_bytes) is not int or not 0 < num_bytes <= self.memory_limit
                 or alignment != MIN_ALLOCATION or type(alignment) is not int
-                or freed_before or self._timestamps_used):
-            return super().allocate_raw(num_bytes, alignment, freed_before=freed_before)
+                or freed_before or self._timestamps_used or attributes is not None):
+            return super().allocate_raw(num_bytes, alignment, attributes,
+                                        freed_before=freed_before)
         with self._lock:
             p = _ALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap, self._state,
                                num_bytes, MIN_ALLOCATION, 0)

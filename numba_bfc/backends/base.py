@@ -18,11 +18,14 @@ class SubAllocator(abc.ABC):
     supports_coalescing : bool
         True when consecutive regions may be adjacent in the address space and
         the allocator may treat them as one (contiguous virtual memory).
+    host_accessible : bool
+        True when addresses are real host memory this process may read and write.
     capacity : int or None
         Bytes this backend can hold at once, if bounded.
     """
 
     supports_coalescing: bool = False
+    host_accessible: bool = False
     capacity: int | None = None
 
     def __init__(self) -> None:

@@ -28,6 +28,7 @@ class HostSubAllocator(SubAllocator):
     """
 
     supports_coalescing = False
+    host_accessible = True
 
     def __init__(self, capacity: int | None = None) -> None:
         super().__init__()
