@@ -69,13 +69,45 @@ def parse_float(value: Any, *, name: str = "option") -> float:
         raise ValueError(f"{name}: expected a number, got {value!r}") from None
 
 
-def parse_conf(text: str, parsers: Mapping[str, Callable[..., Any]]) -> dict[str, Any]:
-    """Parse ``"key:value,key:value"`` with one parser per allowed key.
+# Every key any component reads from NUMBA_BFC_CONF. One variable configures
+# the BFC and caching allocators and the Numba plugin, so each reads its own
+# keys and leaves the others' alone; a key no component knows is an error.
+_KNOWN_KEYS: set[str] = set()
 
-    Unknown keys, repeated keys and bad values raise ``ValueError`` naming the key.
+
+def register_conf_keys(keys) -> None:
+    """Declare keys some component reads from ``NUMBA_BFC_CONF``."""
+    _KNOWN_KEYS.update(keys)
+
+
+def _split_items(text: str) -> list[str]:
+    """Split on commas outside ``[...]`` (``roundup_power2_divisions:[256:1,>:4]``)."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"{ENV_VAR}: unbalanced ']' in {text!r}")
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"{ENV_VAR}: unbalanced '[' in {text!r}")
+    items.append(text[start:])
+    return items
+
+
+def parse_conf(text: str, parsers: Mapping[str, Callable[..., Any]]) -> dict[str, Any]:
+    """Parse ``"key:value,key:value"`` with one parser per key this caller reads.
+
+    Keys registered by other components (``register_conf_keys``) are skipped;
+    unknown keys, repeated keys and bad values raise ``ValueError`` naming the key.
     """
     out: dict[str, Any] = {}
-    for item in text.split(","):
+    seen: set[str] = set()
+    for item in _split_items(text):
         item = item.strip()
         if not item:
             continue
@@ -83,12 +115,14 @@ def parse_conf(text: str, parsers: Mapping[str, Callable[..., Any]]) -> dict[str
         key = key.strip()
         if not sep:
             raise ValueError(f"{ENV_VAR}: entry {item!r} is not of the form key:value")
-        if key not in parsers:
-            known = ", ".join(sorted(parsers))
-            raise ValueError(f"{ENV_VAR}: unknown key {key!r} (known keys: {known})")
-        if key in out:
+        if key in seen:
             raise ValueError(f"{ENV_VAR}: key {key!r} given twice")
-        out[key] = parsers[key](raw.strip(), name=key)
+        seen.add(key)
+        if key in parsers:
+            out[key] = parsers[key](raw.strip(), name=key)
+        elif key not in _KNOWN_KEYS:
+            known = ", ".join(sorted(_KNOWN_KEYS | set(parsers)))
+            raise ValueError(f"{ENV_VAR}: unknown key {key!r} (known keys: {known})")
     return out
 
 

@@ -38,8 +38,8 @@ def test_treap_matches_sorted_list(seed):
             if (size, ptr) in handles:
                 continue
             h = new_row(chunks, state)
-            chunks[h]["size"], chunks[h]["ptr"] = size, ptr
-            insert_free(chunks, bins, state, h)
+            chunks[h]["size"], chunks[h]["ptr"], chunks[h]["region"] = size, ptr, 0
+            insert_free(chunks, bins, regions, state, h)
             handles[(size, ptr)] = h
             model.add((size, ptr))
         assert bins[0]["num_chunks"] == len(model)

@@ -385,22 +385,7 @@ class BFCBase(Allocator):
         )
 
     def _invalid_pointer(self, p: int) -> InvalidPointerError:
-        records = self._records()
-        i = int(np.searchsorted(records["address"], p, side="right")) - 1
-        if i >= 0:
-            rec = records[i]
-            start, size = int(rec["address"]), int(rec["size"])
-            if start == p and not rec["in_use"]:
-                return InvalidPointerError(
-                    f"{self._name}: {p:#x} is not allocated (double free?)", ptr=p,
-                    kind="double_free")
-            if start < p < start + size:
-                return InvalidPointerError(
-                    f"{self._name}: {p:#x} is an interior pointer into the chunk at "
-                    f"{start:#x} (size {size}); pass the address allocate_raw returned",
-                    ptr=p, kind="interior")
-        return InvalidPointerError(
-            f"{self._name}: {p:#x} was not allocated by this allocator", ptr=p, kind="unknown")
+        return _report.invalid_pointer_error(self._name, self._records(), p)
 
     def _live(self, ptr) -> tuple[int, int, int]:
         p = check_pointer(ptr)

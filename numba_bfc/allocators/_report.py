@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import InvalidPointerError
 from ..stats import format_bytes
 
 # One row per chunk, in address order: what ``memory_map`` and the renderers read.
@@ -126,3 +127,22 @@ def oom_message(name: str, num_bytes: int, rounded: int, alignment: int, stats,
         f"largest free block {stats.largest_free_block_bytes}, "
         f"fragmentation {stats.fragmentation:.3f}."
     )
+
+
+def invalid_pointer_error(name: str, records: np.ndarray, p: int) -> InvalidPointerError:
+    """Say why ``p`` is not a live allocation: a double free, an interior pointer,
+    or an address this allocator never handed out."""
+    i = int(np.searchsorted(records["address"], p, side="right")) - 1
+    if i >= 0:
+        rec = records[i]
+        start, size = int(rec["address"]), int(rec["size"])
+        if start == p and not rec["in_use"]:
+            return InvalidPointerError(
+                f"{name}: {p:#x} is not allocated (double free?)", ptr=p, kind="double_free")
+        if start < p < start + size:
+            return InvalidPointerError(
+                f"{name}: {p:#x} is an interior pointer into the block at {start:#x} "
+                f"(size {size}); pass the address allocate_raw returned",
+                ptr=p, kind="interior")
+    return InvalidPointerError(
+        f"{name}: {p:#x} was not allocated by this allocator", ptr=p, kind="unknown")

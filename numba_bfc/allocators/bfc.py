@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InvalidPointerError
 from ..kernels import layout as L
 from ..kernels.chunks import (
     add_region,
@@ -13,29 +12,24 @@ from ..kernels.chunks import (
     merge_timestamped_chunks,
     remove_region,
 )
-from ..kernels.ptrmap import map_rehash
+from ..policies.batch import BFC_POLICY
 from ..policies.bfc import (
     bfc_allocate,
     bfc_deallocate,
     bfc_deallocate_timestamped,
-    bfc_lookup,
-    bfc_run_batch,
 )
-from . import _report
 from ._bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase
 from ._fastcall import Kernel
-from ._validate import MAX_INT64, check_alignment
+from ._tables import TableStore
+from ._validate import MAX_INT64
 
 __all__ = ["BFCAllocator"]
 
 _ALLOCATE = Kernel(bfc_allocate)
 _DEALLOCATE = Kernel(bfc_deallocate)
 
-ALLOCATE = 0
-FREE = 1
 
-
-class BFCAllocator(BFCBase):
+class BFCAllocator(TableStore, BFCBase):
     """TensorFlow's best-fit-with-coalescing allocator, with TF's exact semantics.
 
     Parameters
@@ -106,101 +100,32 @@ class BFCAllocator(BFCBase):
                                 self._state, ptr) < 0:
                 raise self._invalid_pointer(ptr)
 
-    def run_batch(self, ops, ids, sizes, alignment: int = MIN_ALLOCATION) -> np.ndarray:
-        """Run a whole array of operations inside the kernels.
-
-        Parameters
-        ----------
-        ops : array of int
-            0 = allocate, 1 = free.
-        ids : array of int
-            Allocation ids in ``[0, max_id]``: a free names the id of an earlier
-            allocation in the same batch (ids may be reused once freed).
-        sizes : array of int
-            Bytes for each allocation (ignored for frees; 0 allocates nothing).
-
-        Returns
-        -------
-        numpy.ndarray of int64
-            The address each allocation got (0 for frees).
-
-        Raises
-        ------
-        OutOfMemoryError
-            At the first allocation that cannot be served; operations before it
-            have been applied and allocations made so far stay live.
-        """
-        ops = np.ascontiguousarray(ops, dtype=np.int8)
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        sizes = np.ascontiguousarray(sizes, dtype=np.int64)
-        alignment = check_alignment(alignment)
-        if not (ops.shape == ids.shape == sizes.shape) or ops.ndim != 1:
-            raise ValueError("ops, ids and sizes must be 1-D arrays of the same length")
-        if ops.size and (((ops != ALLOCATE) & (ops != FREE)).any()):
-            raise ValueError("ops must contain only 0 (allocate) and 1 (free)")
-        if ids.size and ids.min() < 0:
-            raise ValueError("ids must be >= 0")
-        if sizes.size and sizes.min() < 0:
-            raise ValueError("sizes must be >= 0")
-        if sizes.size and int(sizes.max()) > self.memory_limit:
-            i = int(np.argmax(sizes > self.memory_limit))
-            with self._lock:
-                raise self._out_of_memory(int(sizes[i]), 0, alignment, "limit")
-        id_ptr = np.full(int(ids.max()) + 1 if ids.size else 1, -1, dtype=np.int64)
-        out = np.zeros(ops.shape[0], dtype=np.int64)
-        i = 0
-        with self._lock:
-            if self._timestamps_used:
-                self._merge_timestamped(0, self._safe_frontier)
-            while True:
-                i, code = bfc_run_batch(self._chunks, self._bins, self._regions, self._pmap,
-                                        self._state, ops, ids, sizes, alignment, id_ptr, out, i)
-                if code == 0:
-                    return out
-                if code == L.NEED_ROWS:
-                    self._grow_tables()
-                elif code == L.NOT_FOUND:
-                    p = self._allocate_slow(int(sizes[i]), alignment, 0)
-                    id_ptr[ids[i]] = p
-                    out[i] = p
-                    i += 1
-                else:
-                    raise InvalidPointerError(
-                        f"{self._name}: batch operation {i} frees id {int(ids[i])}, which is "
-                        "not live in this batch", ptr=0, kind="unknown")
-
-    @property
-    def tables(self) -> dict[str, np.ndarray]:
-        """The live tables (``chunks``, ``bins``, ``regions``, ``pointer_map``,
-        ``state``), for inspection; do not modify them."""
-        return {"chunks": self._chunks, "bins": self._bins, "regions": self._regions,
-                "pointer_map": self._pmap, "state": self._state}
-
     # ------------------------------------------------------------------ chunk store
-    def _grow_tables(self) -> None:
-        st = self._state
-        if st[L.S_FREE_ROWS] < L.ROWS_PER_OPERATION:
-            self._chunks = L.grow_chunks(self._chunks, st)
-        if 2 * (st[L.S_MAP_COUNT] + 1) > self._pmap.shape[0]:
-            grown = np.zeros((2 * self._pmap.shape[0], 2), dtype=np.int64)
-            map_rehash(self._pmap, grown, st)
-            self._pmap = grown
-        if st[L.S_NUM_REGIONS] >= self._regions.shape[0]:
-            self._regions = L.grow_regions(self._regions)
-        if st[L.S_TSQ_COUNT] >= self._tsq.shape[0]:
-            self._tsq = L.grow_queue(self._tsq, st)
+    _POLICY = BFC_POLICY
+
+    def _batch_alignment(self, alignment: int) -> int:
+        return alignment
+
+    def _largest_request(self) -> int:
+        return self.memory_limit
+
+    def _request_too_large(self, n: int, alignment: int):
+        return self._out_of_memory(n, 0, alignment, "limit")
+
+    def _before_batch(self) -> None:
+        if self._timestamps_used:
+            self._merge_timestamped(0, self._safe_frontier)
+
+    def _serve_not_found(self, n: int, alignment: int) -> int:
+        return self._allocate_slow(n, alignment, 0)
 
     def _try_allocate(self, n: int, alignment: int, freed_before: int) -> int:
-        while True:
-            p = _ALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap, self._state,
-                               n, alignment, freed_before)
-            if p != L.NEED_ROWS:
-                return p if p > 0 else 0
-            self._grow_tables()
+        p = self._until_room(_ALLOCATE.call, n, alignment, freed_before)
+        return p if p > 0 else 0
 
     def _add_region(self, ptr: int, size: int) -> None:
         while add_region(self._chunks, self._bins, self._regions, self._state, ptr, size,
-                         self._coalesce_regions) == L.NEED_ROWS:
+                         self._coalesce_regions, L.NO_HANDLE) == L.NEED_ROWS:
             self._grow_tables()
 
     def _deallocate_chunk(self, ptr: int, count: int) -> bool:
@@ -214,13 +139,6 @@ class BFCAllocator(BFCBase):
             if r != L.NEED_ROWS:
                 return r > 0
             self._grow_tables()
-
-    def _lookup(self, ptr: int):
-        h = bfc_lookup(self._pmap, ptr)
-        if h < 0:
-            return None
-        row = self._chunks[h]
-        return int(row["requested_size"]), int(row["size"]), int(row["allocation_id"])
 
     def _has_timestamped(self) -> bool:
         return bool(self._state[L.S_TSQ_COUNT])
@@ -259,22 +177,3 @@ class BFCAllocator(BFCBase):
 
     def _largest_free(self) -> int:
         return int(largest_free_chunk(self._chunks, self._bins))
-
-    def _records(self) -> np.ndarray:
-        rows = self._chunks[self._chunks["size"] > 0]
-        rows = rows[np.argsort(rows["ptr"], kind="stable")]
-        rec = np.zeros(rows.shape[0], dtype=_report.RECORD_DTYPE)
-        rec["address"] = rows["ptr"]
-        rec["size"] = rows["size"]
-        rec["in_use"] = rows["allocation_id"] != -1
-        rec["requested_size"] = np.where(rec["in_use"], rows["requested_size"], 0)
-        rec["bin"] = rows["bin"]
-        rec["allocation_id"] = rows["allocation_id"]
-        rec["freed_at_count"] = np.where(rec["in_use"], 0, rows["freed_at_count"])
-        return rec
-
-    def _region_list(self):
-        live = self._regions[self._regions["size"] > 0]
-        live = live[np.argsort(live["base"])]
-        return [(int(b), int(s)) for b, s in zip(live["base"], live["size"])]
-

@@ -13,8 +13,10 @@ from numba import njit
 from .layout import (
     NEED_ROWS,
     NO_HANDLE,
+    ROWS_PER_OPERATION,
     S_FREE_HEAD,
     S_FREE_ROWS,
+    S_MAP_COUNT,
     S_MIN_ALLOCATION,
     S_NUM_BINS,
     S_NUM_REGIONS,
@@ -41,6 +43,13 @@ def bin_for_size(n, min_allocation, num_bins):
         v >>= 1
         b += 1
     return b
+
+
+@njit(cache=True, inline="always")
+def room_for_operation(pmap, state):
+    """True if one allocation can finish without growing the chunk table or pointer map."""
+    return (state[S_FREE_ROWS] >= ROWS_PER_OPERATION
+            and 2 * (state[S_MAP_COUNT] + 1) <= pmap.shape[0])
 
 
 @njit(cache=True)
@@ -77,9 +86,11 @@ def release_row(chunks, state, h):
 
 
 @njit(cache=True)
-def insert_free(chunks, bins, state, h):
-    """Put free chunk ``h`` into the bin for its size."""
-    b = bin_for_size(chunks[h]["size"], state[S_MIN_ALLOCATION], state[S_NUM_BINS])
+def insert_free(chunks, bins, regions, state, h):
+    """Put free chunk ``h`` into its region's bin, or the bin for its size."""
+    b = regions[chunks[h]["region"]]["bin"]
+    if b == NO_HANDLE:
+        b = bin_for_size(chunks[h]["size"], state[S_MIN_ALLOCATION], state[S_NUM_BINS])
     chunks[h]["bin"] = b
     tree_insert(chunks, bins, b, h)
 
@@ -113,7 +124,7 @@ def split_chunk(chunks, bins, regions, state, h, nbytes, insert_remainder):
     else:
         regions[chunks[h]["region"]]["last"] = n
     if insert_remainder:
-        insert_free(chunks, bins, state, n)
+        insert_free(chunks, bins, regions, state, n)
     return n
 
 
@@ -156,12 +167,13 @@ def try_to_coalesce(chunks, bins, regions, state, h, ignore_freed_at):
 
 
 @njit(cache=True)
-def add_region(chunks, bins, regions, state, ptr, size, coalesce):
+def add_region(chunks, bins, regions, state, ptr, size, coalesce, pool_bin):
     """Add backend memory ``[ptr, ptr+size)`` as one free chunk (TF's ``Extend`` tail).
 
     With ``coalesce``, memory starting exactly where a region ends extends that
-    region and may merge with its free tail. Returns the region row, or
-    ``NEED_ROWS`` (nothing changed) when a table is full.
+    region and may merge with its free tail. ``pool_bin`` is the region's fixed
+    bin, or -1 to bin chunks by size. Returns the region row, or ``NEED_ROWS``
+    (nothing changed) when a table is full.
     """
     if state[S_FREE_ROWS] < 1:
         return NEED_ROWS
@@ -183,6 +195,7 @@ def add_region(chunks, bins, regions, state, ptr, size, coalesce):
         regions[r]["size"] = size
         regions[r]["first"] = h
         regions[r]["last"] = h
+        regions[r]["bin"] = pool_bin
         state[S_NUM_REGIONS] += 1
     else:
         h = new_row(chunks, state)
@@ -196,7 +209,8 @@ def add_region(chunks, bins, regions, state, ptr, size, coalesce):
     chunks[h]["region"] = r
     state[S_POOL_BYTES] += size
     state[S_PEAK_POOL_BYTES] = max(state[S_PEAK_POOL_BYTES], state[S_POOL_BYTES])
-    insert_free(chunks, bins, state, try_to_coalesce(chunks, bins, regions, state, h, False))
+    h = try_to_coalesce(chunks, bins, regions, state, h, False)
+    insert_free(chunks, bins, regions, state, h)
     return r
 
 
@@ -238,6 +252,7 @@ def remove_region(chunks, bins, regions, state, r):
     regions[r]["size"] = 0
     regions[r]["first"] = NO_HANDLE
     regions[r]["last"] = NO_HANDLE
+    regions[r]["bin"] = NO_HANDLE
     return size
 
 
@@ -321,7 +336,7 @@ def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, 
         if required_bytes == 0 or not satisfied:
             remove_free(chunks, bins, h)
             nh = try_to_coalesce(chunks, bins, regions, state, h, force)
-            insert_free(chunks, bins, state, nh)
+            insert_free(chunks, bins, regions, state, nh)
             if force:
                 if nh != h and chunks[nh]["freed_at_count"] > 0:
                     _queue_push(tsq, state, nh, chunks[nh]["generation"])

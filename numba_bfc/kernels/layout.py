@@ -26,7 +26,10 @@ the bin holds), ``root`` (root handle of its ordered free set, -1 if empty),
 ``num_chunks`` and ``total_bytes`` of the free chunks in it.
 
 Region table (``REGION_DTYPE``), one row per backend region (``size == 0``
-marks an unused row): ``base``, ``size``, ``first`` and ``last`` chunk handles.
+marks an unused row): ``base``, ``size``, ``first`` and ``last`` chunk handles,
+and ``bin``: -1 when free chunks go to the bin for their size (BFC), else the
+one bin every free chunk of the region goes to (the caching policy's pools,
+where a block's pool is fixed by its segment, not by its size).
 
 Pointer map: ``int64[cap, 2]`` open-addressing hash table ``(ptr, handle)`` of
 in-use chunks (key 0 = empty slot), so pointer -> chunk is O(1) and host
@@ -73,6 +76,7 @@ REGION_DTYPE = np.dtype(
         ("size", np.int64),
         ("first", np.int64),
         ("last", np.int64),
+        ("bin", np.int64),
     ]
 )
 
@@ -95,7 +99,7 @@ S_TSQ_HEAD = 14  # timestamped-chunk queue (ring buffer) head
 S_TSQ_COUNT = 15
 S_NUM_REGIONS = 16
 S_NUM_BINS = 17
-STATE_SIZE = 24
+STATE_SIZE = 24  # slots from here on belong to the policy (see policies.caching)
 
 # Kernel status codes (allocation kernels return a pointer > 0 on success).
 NEED_ROWS = -1  # a table is full: the façade grows it and calls again
@@ -108,7 +112,8 @@ ROWS_PER_OPERATION = 3
 
 
 def new_tables(num_bins: int, min_allocation: int, chunk_rows: int = 1024,
-               map_slots: int = 2048, region_rows: int = 16, queue_slots: int = 64):
+               map_slots: int = 2048, region_rows: int = 16, queue_slots: int = 64,
+               state_size: int = STATE_SIZE):
     """Fresh, empty tables: ``(chunks, bins, regions, pmap, state, tsq)``."""
     chunks = np.zeros(chunk_rows, dtype=CHUNK_DTYPE)
     bins = np.zeros(num_bins, dtype=BIN_DTYPE)
@@ -117,8 +122,9 @@ def new_tables(num_bins: int, min_allocation: int, chunk_rows: int = 1024,
     regions = np.zeros(region_rows, dtype=REGION_DTYPE)
     regions["first"] = NO_HANDLE
     regions["last"] = NO_HANDLE
+    regions["bin"] = NO_HANDLE
     pmap = np.zeros((map_slots, 2), dtype=np.int64)
-    state = np.zeros(STATE_SIZE, dtype=np.int64)
+    state = np.zeros(max(state_size, STATE_SIZE), dtype=np.int64)
     state[S_NEXT_ALLOCATION_ID] = 1
     state[S_FREE_HEAD] = NO_HANDLE
     state[S_MIN_ALLOCATION] = min_allocation
@@ -157,6 +163,7 @@ def grow_regions(regions: np.ndarray) -> np.ndarray:
     grown[:old] = regions
     grown["first"][old:] = NO_HANDLE
     grown["last"][old:] = NO_HANDLE
+    grown["bin"][old:] = NO_HANDLE
     return grown
 
 

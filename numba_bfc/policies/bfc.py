@@ -16,6 +16,7 @@ from ..kernels.chunks import (
     insert_free,
     queue_timestamped,
     remove_free,
+    room_for_operation,
     round_up,
     split_chunk,
     try_to_coalesce,
@@ -25,11 +26,8 @@ from ..kernels.layout import (
     NEED_ROWS,
     NO_HANDLE,
     NOT_FOUND,
-    ROWS_PER_OPERATION,
     S_BYTES_IN_USE,
-    S_FREE_ROWS,
     S_LARGEST_ALLOC_SIZE,
-    S_MAP_COUNT,
     S_MAX_INTERNAL_FRAGMENTATION,
     S_MIN_ALLOCATION,
     S_NEXT_ALLOCATION_ID,
@@ -38,7 +36,7 @@ from ..kernels.layout import (
     S_PEAK_BYTES_IN_USE,
     S_TSQ_COUNT,
 )
-from ..kernels.ptrmap import map_insert, map_lookup, map_remove
+from ..kernels.ptrmap import map_insert, map_remove
 from ..kernels.tree import tree_lower_bound, tree_successor
 
 
@@ -86,7 +84,7 @@ def bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed
     Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
     nothing has changed.
     """
-    if state[S_FREE_ROWS] < ROWS_PER_OPERATION or 2 * (state[S_MAP_COUNT] + 1) > pmap.shape[0]:
+    if not room_for_operation(pmap, state):
         return NEED_ROWS
     quantum = state[S_MIN_ALLOCATION]
     rounded = round_up(num_bytes, quantum)
@@ -99,7 +97,7 @@ def bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed
     if pad > 0:
         # The unaligned prefix stays behind as a free chunk of its own.
         aligned = split_chunk(chunks, bins, regions, state, h, pad, False)
-        insert_free(chunks, bins, state, h)
+        insert_free(chunks, bins, regions, state, h)
         h = aligned
     if should_split(chunks[h]["size"], rounded, state[S_MAX_INTERNAL_FRAGMENTATION]):
         split_chunk(chunks, bins, regions, state, h, rounded, True)
@@ -134,7 +132,8 @@ def bfc_deallocate(chunks, bins, regions, pmap, state, ptr):
     if h == NO_HANDLE:
         return INVALID_POINTER
     size = chunks[h]["size"]
-    insert_free(chunks, bins, state, try_to_coalesce(chunks, bins, regions, state, h, False))
+    h = try_to_coalesce(chunks, bins, regions, state, h, False)
+    insert_free(chunks, bins, regions, state, h)
     return size
 
 
@@ -147,52 +146,6 @@ def bfc_deallocate_timestamped(chunks, bins, regions, pmap, state, tsq, ptr, cou
     h = _mark_free(chunks, pmap, state, ptr, count)
     if h == NO_HANDLE:
         return INVALID_POINTER
-    insert_free(chunks, bins, state, h)
+    insert_free(chunks, bins, regions, state, h)
     queue_timestamped(chunks, state, tsq, h)
     return chunks[h]["size"]
-
-
-@njit(cache=True)
-def bfc_lookup(pmap, ptr):
-    """Handle of the live allocation at ``ptr``, or -1."""
-    return map_lookup(pmap, ptr)
-
-
-@njit(cache=True)
-def bfc_run_batch(chunks, bins, regions, pmap, state, ops, ids, sizes, alignment,
-                  id_ptr, out, start):
-    """Run operations ``start..`` of a batch inside one kernel call.
-
-    ``ops[i]`` is 0 (allocate ``sizes[i]`` bytes for id ``ids[i]``) or 1 (free
-    id ``ids[i]``); ``id_ptr`` maps ids to live addresses (-1: not live, 0: a
-    zero-byte allocation) and ``out[i]``
-    receives the address each allocation got. Stops at the first operation the
-    kernel cannot finish alone and returns ``(index, code)``: ``NEED_ROWS`` or
-    ``NOT_FOUND`` (the façade grows or extends and resumes at ``index``), or
-    ``INVALID_POINTER``. Returns ``(len(ops), 0)`` when done.
-    """
-    n = ops.shape[0]
-    for i in range(start, n):
-        if ops[i] == 0:
-            if sizes[i] == 0:
-                id_ptr[ids[i]] = 0
-                out[i] = 0
-                continue
-            p = bfc_allocate(chunks, bins, regions, pmap, state, sizes[i], alignment, 0)
-            if p < 0:
-                return i, p
-            id_ptr[ids[i]] = p
-            out[i] = p
-        else:
-            p = id_ptr[ids[i]]
-            out[i] = 0
-            if p < 0:
-                return i, INVALID_POINTER
-            if p == 0:
-                id_ptr[ids[i]] = -1
-                continue
-            r = bfc_deallocate(chunks, bins, regions, pmap, state, p)
-            if r < 0:
-                return i, r
-            id_ptr[ids[i]] = -1
-    return n, 0

@@ -1,0 +1,152 @@
+"""What every table-backed allocator shares: growing tables, records, batches.
+
+``BFCAllocator`` and ``CachingAllocator`` keep their state in the same five
+tables (``numba_bfc.kernels.layout``); this mixin grows them when a kernel
+answers ``NEED_ROWS``, turns them into records for reporting, looks pointers
+up, and drives the batch kernel. Policies supply ``_POLICY`` (the batch
+kernel's policy code), ``_serve_not_found`` (the slow path for one
+allocation) and ``_before_batch``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InvalidPointerError
+from ..kernels import layout as L
+from ..kernels.ptrmap import map_lookup, map_rehash
+from ..policies.batch import run_batch as _run_batch_kernel
+from . import _report
+from ._validate import check_alignment
+
+ALLOCATE = 0
+FREE = 1
+
+
+class TableStore:
+    """Mixin over ``self._chunks, _bins, _regions, _pmap, _state, _tsq``; the
+    caller holds ``self._lock`` for every method but ``run_batch``."""
+
+    _POLICY: int
+
+    def _grow_tables(self) -> None:
+        st = self._state
+        if st[L.S_FREE_ROWS] < L.ROWS_PER_OPERATION:
+            self._chunks = L.grow_chunks(self._chunks, st)
+        if 2 * (st[L.S_MAP_COUNT] + 1) > self._pmap.shape[0]:
+            grown = np.zeros((2 * self._pmap.shape[0], 2), dtype=np.int64)
+            map_rehash(self._pmap, grown, st)
+            self._pmap = grown
+        if st[L.S_NUM_REGIONS] >= self._regions.shape[0]:
+            self._regions = L.grow_regions(self._regions)
+        if st[L.S_TSQ_COUNT] >= self._tsq.shape[0]:
+            self._tsq = L.grow_queue(self._tsq, st)
+
+    def _until_room(self, kernel, *args) -> int:
+        """Call ``kernel(*args)`` on the tables, growing them until it has room."""
+        while True:
+            r = kernel(self._chunks, self._bins, self._regions, self._pmap, self._state, *args)
+            if r != L.NEED_ROWS:
+                return r
+            self._grow_tables()
+
+    def _lookup(self, ptr: int):
+        h = map_lookup(self._pmap, ptr)
+        if h < 0:
+            return None
+        row = self._chunks[h]
+        return int(row["requested_size"]), int(row["size"]), int(row["allocation_id"])
+
+    def _records(self) -> np.ndarray:
+        rows = self._chunks[self._chunks["size"] > 0]
+        rows = rows[np.argsort(rows["ptr"], kind="stable")]
+        rec = np.zeros(rows.shape[0], dtype=_report.RECORD_DTYPE)
+        rec["address"] = rows["ptr"]
+        rec["size"] = rows["size"]
+        rec["in_use"] = rows["allocation_id"] != -1
+        rec["requested_size"] = np.where(rec["in_use"], rows["requested_size"], 0)
+        rec["bin"] = rows["bin"]
+        rec["allocation_id"] = rows["allocation_id"]
+        rec["freed_at_count"] = np.where(rec["in_use"], 0, rows["freed_at_count"])
+        return rec
+
+    def _live_regions(self) -> np.ndarray:
+        live = self._regions[self._regions["size"] > 0]
+        return live[np.argsort(live["base"])]
+
+    def _region_list(self):
+        live = self._live_regions()
+        return [(int(b), int(s)) for b, s in zip(live["base"], live["size"])]
+
+    @property
+    def tables(self) -> dict[str, np.ndarray]:
+        """The live tables (``chunks``, ``bins``, ``regions``, ``pointer_map``,
+        ``state``), for inspection; do not modify them."""
+        return {"chunks": self._chunks, "bins": self._bins, "regions": self._regions,
+                "pointer_map": self._pmap, "state": self._state}
+
+    def run_batch(self, ops, ids, sizes, alignment: int = 256) -> np.ndarray:
+        """Run a whole array of operations inside the kernels.
+
+        Parameters
+        ----------
+        ops : array of int
+            0 = allocate, 1 = free.
+        ids : array of int
+            Allocation ids in ``[0, max_id]``: a free names the id of an earlier
+            allocation in the same batch (ids may be reused once freed).
+        sizes : array of int
+            Bytes for each allocation (ignored for frees; 0 allocates nothing).
+        alignment : int
+            For every allocation of the batch.
+
+        Returns
+        -------
+        numpy.ndarray of int64
+            The address each allocation got (0 for frees).
+
+        Raises
+        ------
+        OutOfMemoryError
+            At the first allocation that cannot be served; operations before it
+            have been applied and allocations made so far stay live.
+        """
+        ops = np.ascontiguousarray(ops, dtype=np.int8)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+        alignment = self._batch_alignment(check_alignment(alignment))
+        if not (ops.shape == ids.shape == sizes.shape) or ops.ndim != 1:
+            raise ValueError("ops, ids and sizes must be 1-D arrays of the same length")
+        if ops.size and (((ops != ALLOCATE) & (ops != FREE)).any()):
+            raise ValueError("ops must contain only 0 (allocate) and 1 (free)")
+        if ids.size and ids.min() < 0:
+            raise ValueError("ids must be >= 0")
+        if sizes.size and sizes.min() < 0:
+            raise ValueError("sizes must be >= 0")
+        limit = self._largest_request()
+        if sizes.size and int(sizes.max()) > limit:
+            i = int(np.argmax(sizes > limit))
+            with self._lock:
+                raise self._request_too_large(int(sizes[i]), alignment)
+        id_ptr = np.full(int(ids.max()) + 1 if ids.size else 1, -1, dtype=np.int64)
+        out = np.zeros(ops.shape[0], dtype=np.int64)
+        i = 0
+        with self._lock:
+            self._before_batch()
+            while True:
+                i, code = _run_batch_kernel(self._POLICY, self._chunks, self._bins,
+                                            self._regions, self._pmap, self._state, ops, ids,
+                                            sizes, alignment, id_ptr, out, i)
+                if code == 0:
+                    return out
+                if code == L.NEED_ROWS:
+                    self._grow_tables()
+                elif code == L.NOT_FOUND:
+                    p = self._serve_not_found(int(sizes[i]), alignment)
+                    id_ptr[ids[i]] = p
+                    out[i] = p
+                    i += 1
+                else:
+                    raise InvalidPointerError(
+                        f"{self._name}: batch operation {i} frees id {int(ids[i])}, which is "
+                        "not live in this batch", ptr=0, kind="unknown")

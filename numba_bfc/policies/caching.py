@@ -1,0 +1,325 @@
+"""PyTorch's CUDA caching-allocator policy, over the same tables and kernels as BFC.
+
+The tables are BFC's: regions are PyTorch's segments (one backend allocation
+each, never coalesced), and the bin table has two rows, the small and the large
+pool. A region's ``bin`` fixes the pool of every block in it, and each pool is
+one treap ordered by ``(size, address)``, PyTorch's ``BlockComparatorSize``
+for a single stream. Split, merge, lookup and the pointer map are the shared
+kernels; this module adds PyTorch's size rounding, the oversize rules of
+``get_free_block``, ``should_split``, and the bookkeeping of its statistics.
+
+Policy parameters and statistics live in the state array past the slots every
+policy shares (``C_*`` below), so the kernels take the same five tables as BFC.
+A free block's ``freed_at_count`` holds its pool's lookup count when it entered
+the pool (PyTorch's ``gc_count_base``), the clock the garbage collector ages
+blocks by.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from ..kernels.chunks import (
+    add_region,
+    insert_free,
+    remove_free,
+    remove_region,
+    room_for_operation,
+    round_up,
+    split_chunk,
+    try_to_coalesce,
+)
+from ..kernels.layout import (
+    INVALID_POINTER,
+    NEED_ROWS,
+    NO_HANDLE,
+    NOT_FOUND,
+    S_LARGEST_ALLOC_SIZE,
+    S_NEXT_ALLOCATION_ID,
+    STATE_SIZE,
+)
+from ..kernels.ptrmap import map_insert, map_remove
+from ..kernels.tree import tree_lower_bound
+
+# PyTorch's constants (c10/cuda/CUDACachingAllocator.cpp).
+MIN_BLOCK_SIZE = 512  # kMinBlockSize: every size is a multiple
+SMALL_SIZE = 1 << 20  # kSmallSize: requests up to this go to the small pool
+SMALL_BUFFER = 2 << 20  # kSmallBuffer: small-pool segment size
+LARGE_BUFFER = 20 << 20  # kLargeBuffer: segment for requests in (1 MiB, 10 MiB)
+MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc: from here, segments are rounded to 2 MiB
+ROUND_LARGE = 2 << 20  # kRoundLarge
+ROUNDUP_INTERVALS = 16  # kRoundUpPowerOfTwoIntervals: 1 MiB .. 64 GiB
+
+SMALL_POOL = 0  # bin rows
+LARGE_POOL = 1
+NUM_POOLS = 2
+
+# Statistics (PyTorch's DeviceStats), each a StatArray over [all, small, large]
+# of [current, peak, allocated, freed]; the two oversize stats use "all" only.
+ALLOCATION = 0
+ALLOCATED_BYTES = 1
+SEGMENT = 2
+RESERVED_BYTES = 3
+ACTIVE = 4
+ACTIVE_BYTES = 5
+INACTIVE_SPLIT = 6
+INACTIVE_SPLIT_BYTES = 7
+REQUESTED_BYTES = 8
+OVERSIZE_ALLOCATIONS = 9
+OVERSIZE_SEGMENTS = 10
+NUM_STATS = 11
+STAT_NAMES = ("allocation", "allocated_bytes", "segment", "reserved_bytes", "active",
+              "active_bytes", "inactive_split", "inactive_split_bytes", "requested_bytes",
+              "oversize_allocations", "oversize_segments")
+
+# Policy state slots.
+C_MAX_SPLIT_SIZE = STATE_SIZE  # blocks this big are never split (int64 max: unlimited)
+C_MAX_NON_SPLIT_ROUNDING = STATE_SIZE + 1  # how much bigger an oversize block may be
+C_GC_ACTIVE = STATE_SIZE + 2  # 1: count lookups per pool (the GC age clock)
+C_GC_CLOCK = STATE_SIZE + 3  # + pool: the pool's get_free_block call count
+C_DIVISIONS = STATE_SIZE + 8  # 16 roundup_power2_divisions entries
+C_STATS = C_DIVISIONS + ROUNDUP_INTERVALS  # NUM_STATS * 3 * 4 statistics
+CACHING_STATE_SIZE = C_STATS + NUM_STATS * 3 * 4
+
+
+@njit(cache=True, inline="always")
+def floor_log2(n):
+    """``floor(log2(n))`` for ``n >= 1``."""
+    k = 0
+    while n > 1:
+        n >>= 1
+        k += 1
+    return k
+
+
+@njit(cache=True)
+def roundup_power2_next_division(size, divisions):
+    """Round ``size`` up to the next of ``divisions`` equal steps between powers of two."""
+    if size & (size - 1) == 0:
+        return size
+    floor2 = 1 << floor_log2(size)
+    step = floor2 >> floor_log2(divisions)
+    if step == 0:
+        return floor2 << 1
+    rounded = size & ~(step - 1)
+    return size if rounded == size else rounded + step
+
+
+@njit(cache=True)
+def round_size(size, state):
+    """PyTorch's ``round_size``: at least 512, a multiple of 512, or the next
+    power-of-two division when ``roundup_power2_divisions`` applies."""
+    if size < MIN_BLOCK_SIZE:
+        return MIN_BLOCK_SIZE
+    interval = min(max(floor_log2(size) - 20, 0), ROUNDUP_INTERVALS - 1)
+    divisions = state[C_DIVISIONS + interval]
+    if divisions > 1 and size > MIN_BLOCK_SIZE * divisions:
+        return roundup_power2_next_division(size, divisions)
+    return round_up(size, MIN_BLOCK_SIZE)
+
+
+@njit(cache=True, inline="always")
+def pool_for_size(size):
+    """Small pool for rounded sizes up to 1 MiB, large pool above."""
+    return SMALL_POOL if size <= SMALL_SIZE else LARGE_POOL
+
+
+@njit(cache=True)
+def allocation_size(size):
+    """PyTorch's ``get_allocation_size``: the segment to request for ``size``."""
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return round_up(size, ROUND_LARGE)
+
+
+@njit(cache=True, inline="always")
+def _stat_one(state, i, delta):
+    state[i] += delta
+    if delta > 0:
+        if state[i] > state[i + 1]:
+            state[i + 1] = state[i]
+        state[i + 2] += delta
+    else:
+        state[i + 3] -= delta
+
+
+@njit(cache=True)
+def stat_update(state, stat, pool, delta):
+    """PyTorch's ``update_stat`` on the aggregate and (if ``pool >= 0``) the pool entry."""
+    if delta == 0:
+        return
+    _stat_one(state, C_STATS + stat * 12, delta)
+    if pool >= 0:
+        _stat_one(state, C_STATS + stat * 12 + 4 * (1 + pool), delta)
+
+
+@njit(cache=True, inline="always")
+def is_split(chunks, h):
+    """True if block ``h`` shares its segment with another block."""
+    return chunks[h]["prev"] != NO_HANDLE or chunks[h]["next"] != NO_HANDLE
+
+
+@njit(cache=True)
+def get_free_block(chunks, bins, state, pool, size):
+    """PyTorch's ``get_free_block``: the best fit in ``pool``, unless an oversize rule
+    rejects it. Returns a handle or -1."""
+    if state[C_GC_ACTIVE]:
+        state[C_GC_CLOCK + pool] += 1
+    h = tree_lower_bound(chunks, bins[pool]["root"], size)
+    if h == NO_HANDLE:
+        return NO_HANDLE
+    found = chunks[h]["size"]
+    max_split = state[C_MAX_SPLIT_SIZE]
+    # A normal request never takes an oversize block; an oversize request only
+    # takes one that wastes less than the rounding allowance.
+    if size < max_split and found >= max_split:
+        return NO_HANDLE
+    if size >= max_split and found >= size + state[C_MAX_NON_SPLIT_ROUNDING]:
+        return NO_HANDLE
+    return h
+
+
+@njit(cache=True, inline="always")
+def caching_should_split(state, pool, block_size, size):
+    """PyTorch's ``should_split``."""
+    remaining = block_size - size
+    if pool == SMALL_POOL:
+        return remaining >= MIN_BLOCK_SIZE
+    return size < state[C_MAX_SPLIT_SIZE] and remaining > SMALL_SIZE
+
+
+@njit(cache=True)
+def pool_insert(chunks, bins, regions, state, h):
+    """Put free block ``h`` into its pool, stamping the pool's GC clock on it."""
+    pool = regions[chunks[h]["region"]]["bin"]
+    chunks[h]["freed_at_count"] = state[C_GC_CLOCK + pool]
+    insert_free(chunks, bins, regions, state, h)
+
+
+@njit(cache=True)
+def take_block(chunks, bins, regions, pmap, state, h, requested):
+    """PyTorch's ``alloc_found_block``: hand out the front of free block ``h``.
+
+    The caller checked that rows and a pointer-map slot are available.
+    """
+    pool = regions[chunks[h]["region"]]["bin"]
+    size = round_size(requested, state)
+    remove_free(chunks, bins, h)
+    already_split = is_split(chunks, h)
+    if caching_should_split(state, pool, chunks[h]["size"], size):
+        rest = split_chunk(chunks, bins, regions, state, h, size, False)
+        pool_insert(chunks, bins, regions, state, rest)
+        if already_split:
+            stat_update(state, INACTIVE_SPLIT_BYTES, pool, -size)
+        else:
+            stat_update(state, INACTIVE_SPLIT_BYTES, pool, chunks[rest]["size"])
+            stat_update(state, INACTIVE_SPLIT, pool, 1)
+    elif already_split:
+        stat_update(state, INACTIVE_SPLIT_BYTES, pool, -chunks[h]["size"])
+        stat_update(state, INACTIVE_SPLIT, pool, -1)
+    block = chunks[h]["size"]
+    chunks[h]["requested_size"] = requested
+    chunks[h]["allocation_id"] = state[S_NEXT_ALLOCATION_ID]
+    state[S_NEXT_ALLOCATION_ID] += 1
+    state[S_LARGEST_ALLOC_SIZE] = max(state[S_LARGEST_ALLOC_SIZE], block)
+    stat_update(state, ALLOCATION, pool, 1)
+    stat_update(state, ALLOCATED_BYTES, pool, block)
+    stat_update(state, ACTIVE, pool, 1)
+    stat_update(state, ACTIVE_BYTES, pool, block)
+    stat_update(state, REQUESTED_BYTES, pool, requested)
+    if block >= state[C_MAX_SPLIT_SIZE]:
+        stat_update(state, OVERSIZE_ALLOCATIONS, -1, 1)
+    ptr = chunks[h]["ptr"]
+    map_insert(pmap, state, ptr, h)
+    return ptr
+
+
+@njit(cache=True)
+def caching_allocate(chunks, bins, regions, pmap, state, requested):
+    """Serve ``requested`` (> 0) bytes from the cached blocks.
+
+    Returns the address, ``NOT_FOUND`` (the façade allocates a segment) or
+    ``NEED_ROWS``; on either code no block has changed.
+    """
+    if not room_for_operation(pmap, state):
+        return NEED_ROWS
+    size = round_size(requested, state)
+    h = get_free_block(chunks, bins, state, pool_for_size(size), size)
+    if h == NO_HANDLE:
+        return NOT_FOUND
+    return take_block(chunks, bins, regions, pmap, state, h, requested)
+
+
+@njit(cache=True)
+def caching_allocate_from_segment(chunks, bins, regions, pmap, state, r, requested):
+    """Serve ``requested`` bytes from the fresh segment in region row ``r``."""
+    if not room_for_operation(pmap, state):
+        return NEED_ROWS
+    return take_block(chunks, bins, regions, pmap, state, regions[r]["first"], requested)
+
+
+@njit(cache=True)
+def caching_deallocate(chunks, bins, regions, pmap, state, ptr):
+    """PyTorch's ``free`` + ``free_block``: merge with free neighbours and cache.
+
+    Returns the block's size or ``INVALID_POINTER``.
+    """
+    h = map_remove(pmap, state, ptr)
+    if h == NO_HANDLE:
+        return INVALID_POINTER
+    pool = regions[chunks[h]["region"]]["bin"]
+    size = chunks[h]["size"]
+    requested = chunks[h]["requested_size"]
+    stat_update(state, ALLOCATION, pool, -1)
+    stat_update(state, ALLOCATED_BYTES, pool, -size)
+    if size >= state[C_MAX_SPLIT_SIZE]:
+        stat_update(state, OVERSIZE_ALLOCATIONS, -1, -1)
+    chunks[h]["allocation_id"] = -1
+    merged = 0
+    nxt = chunks[h]["next"]
+    prv = chunks[h]["prev"]
+    if nxt != NO_HANDLE and chunks[nxt]["allocation_id"] == -1:
+        merged += 1
+    if prv != NO_HANDLE and chunks[prv]["allocation_id"] == -1:
+        merged += 1
+    # Timestamps are a BFC notion; the caching policy always merges.
+    h = try_to_coalesce(chunks, bins, regions, state, h, True)
+    net_blocks = -merged
+    net_bytes = size - chunks[h]["size"]
+    if is_split(chunks, h):
+        net_blocks += 1
+        net_bytes += chunks[h]["size"]
+    pool_insert(chunks, bins, regions, state, h)
+    stat_update(state, INACTIVE_SPLIT, pool, net_blocks)
+    stat_update(state, INACTIVE_SPLIT_BYTES, pool, net_bytes)
+    stat_update(state, ACTIVE, pool, -1)
+    stat_update(state, ACTIVE_BYTES, pool, -size)
+    stat_update(state, REQUESTED_BYTES, pool, -requested)
+    return size
+
+
+@njit(cache=True)
+def caching_add_segment(chunks, bins, regions, state, ptr, size, pool):
+    """Record a new segment from the backend; returns its region row or ``NEED_ROWS``."""
+    r = add_region(chunks, bins, regions, state, ptr, size, False, pool)
+    if r < 0:
+        return r
+    stat_update(state, SEGMENT, pool, 1)
+    stat_update(state, RESERVED_BYTES, pool, size)
+    if size >= state[C_MAX_SPLIT_SIZE]:
+        stat_update(state, OVERSIZE_SEGMENTS, -1, 1)
+    return r
+
+
+@njit(cache=True)
+def caching_release_segment(chunks, bins, regions, state, r):
+    """Forget the (entirely free) segment in region row ``r``; returns its size."""
+    pool = regions[r]["bin"]
+    size = remove_region(chunks, bins, regions, state, r)
+    stat_update(state, SEGMENT, pool, -1)
+    stat_update(state, RESERVED_BYTES, pool, -size)
+    if size >= state[C_MAX_SPLIT_SIZE]:
+        stat_update(state, OVERSIZE_SEGMENTS, -1, -1)
+    return size
