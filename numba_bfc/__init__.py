@@ -5,7 +5,7 @@ with simulated, host and (later) CUDA backends. Importing compiles nothing:
 kernels are compiled (or loaded from Numba's cache) on first use.
 """
 
-from .allocators import BFCAllocator, SharedCounter
+from .allocators import BFCAllocator, CachingAllocator, SharedCounter
 from .errors import InvalidPointerError, OutOfMemoryError
 from .stats import AllocatorStats
 
@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BFCAllocator",
+    "CachingAllocator",
     "AllocatorStats",
     "OutOfMemoryError",
     "InvalidPointerError",

@@ -19,6 +19,54 @@ def _gpu_available() -> bool:
         return False
 
 
+# An MNIST-sized convolutional net, batch 64, float32: (weight bytes, output
+# activation bytes) per layer (conv 32, conv 64, max-pool, fc 128, fc 10).
+_MNIST_LAYERS = (
+    (32 * 1 * 3 * 3 * 4, 64 * 32 * 26 * 26 * 4),
+    (64 * 32 * 3 * 3 * 4, 64 * 64 * 24 * 24 * 4),
+    (0, 64 * 64 * 12 * 12 * 4),
+    (9216 * 128 * 4, 64 * 128 * 4),
+    (128 * 10 * 4, 64 * 10 * 4),
+)
+_MNIST_INPUT = 64 * 1 * 28 * 28 * 4
+
+
+def training_workload(allocator, steps: int = 20, layers=_MNIST_LAYERS,
+                      input_bytes: int = _MNIST_INPUT) -> int:
+    """Drive ``allocator`` like a training loop; return how many allocations it made.
+
+    Weights are allocated once and stay live. Each step allocates the input
+    batch and every layer's activation (forward), then walks back allocating
+    each gradient, freeing activations as they are consumed and weight
+    gradients after the update, as a framework's autograd does.
+    """
+    requests = 0
+
+    def alloc(n):
+        nonlocal requests
+        requests += 1
+        return allocator.allocate_raw(n)
+
+    for w, _ in layers:
+        if w:
+            alloc(w)
+    for _ in range(steps):
+        acts = [alloc(input_bytes)] + [alloc(a) for _, a in layers]
+        grad_out = alloc(layers[-1][1])
+        for i in range(len(layers) - 1, -1, -1):
+            in_bytes = input_bytes if i == 0 else layers[i - 1][1]
+            grad_w = alloc(layers[i][0]) if layers[i][0] else 0
+            grad_in = alloc(in_bytes)
+            allocator.deallocate_raw(acts[i + 1])
+            allocator.deallocate_raw(grad_out)
+            if grad_w:
+                allocator.deallocate_raw(grad_w)
+            grad_out = grad_in
+        allocator.deallocate_raw(grad_out)
+        allocator.deallocate_raw(acts[0])
+    return requests
+
+
 def run(num_ops: int = 20000, seed: int = 0, memory_limit: int = 256 << 20) -> int:
     """Drive a BFC allocator on the simulated backend and print what it did."""
     print("numba_bfc demo: TensorFlow's BFC allocator as Numba kernels")

@@ -1,12 +1,13 @@
 """Consistency checks over an allocator's state, for tests and debugging.
 
 ``check_invariants(allocator)`` raises ``InvariantError`` naming the first
-broken rule. It checks what any BFC allocator must satisfy (chunks tile each
-region, no two adjacent free chunks unless timestamped frees were used, stats
-agree with the chunks) and,
-for ``BFCAllocator``, the tables themselves (bin trees ordered and balanced as
-treaps, every free chunk in the right bin exactly once, the pointer map exact,
-the free-handle list complete).
+broken rule. For BFC: chunks tile each region, no two adjacent free chunks
+unless timestamped frees were used, stats agree with the chunks. For the
+caching policy: blocks tile segments, free neighbours are always merged, and
+every PyTorch statistic equals what the segments show (PyTorch's own
+consistency test). For the Numba allocators, also the tables themselves (bin
+trees ordered and balanced as treaps, every free chunk in the right bin
+exactly once, the pointer map exact, the free-handle list complete).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from .allocators._bfc_base import MIN_ALLOCATION, NUM_BINS
+from .allocators._caching_base import CachingBase
 from .allocators._report import bin_of
 from .kernels import layout as L
+from .policies import caching as C
 
 __all__ = ["InvariantError", "check_invariants"]
 
@@ -30,19 +33,24 @@ def _require(cond, message: str) -> None:
 
 
 def check_invariants(allocator) -> None:
-    """Check ``allocator`` (a ``BFCAllocator`` or ``ReferenceBFCAllocator``)."""
+    """Check ``allocator``: a BFC or caching allocator, Numba or reference."""
     with allocator._lock:
         records = allocator._records()
         regions = allocator._region_list()
-        counters = allocator._counters()
         largest = allocator._largest_free()
-        _check_records(records, regions, counters, largest, allocator.memory_limit,
-                       allocator._timestamps_used)
+        if isinstance(allocator, CachingBase):
+            _check_tiling(records, regions, adjacent_free_allowed=False)
+            _check_caching(allocator, records, largest)
+        else:
+            _check_tiling(records, regions, allocator._timestamps_used)
+            _check_records(records, regions, allocator._counters(), largest,
+                           allocator.memory_limit)
         if hasattr(allocator, "_chunks"):
             _check_tables(allocator)
 
 
-def _check_records(records, regions, counters, largest, limit, timestamps_used) -> None:
+def _check_tiling(records, regions, adjacent_free_allowed) -> None:
+    """Chunks tile every region exactly, in address order."""
     addresses = records["address"]
     _require(np.all(np.diff(addresses) > 0), "chunk addresses are not strictly increasing")
     total = 0
@@ -59,12 +67,16 @@ def _check_records(records, regions, counters, largest, limit, timestamps_used) 
         # TF's TryToCoalesce merges one neighbour on each side, so once tagged
         # chunks pass the safe frontier a merged chunk can end up beside another
         # free chunk; that is TF's behaviour, and only possible after timestamps.
-        if not timestamps_used:
+        if not adjacent_free_allowed:
             free = ~part["in_use"]
             _require(not np.any(free[:-1] & free[1:]),
                      f"two adjacent free chunks in region {base:#x}")
         total += hi - lo
     _require(total == records.shape[0], "a chunk lies outside every region")
+
+
+def _check_records(records, regions, counters, largest, limit) -> None:
+    addresses = records["address"]
     _require(np.all(records["size"] % MIN_ALLOCATION == 0), "a chunk size is not a multiple of 256")
     _require(np.all(addresses % MIN_ALLOCATION == 0), "a chunk address is not 256-aligned")
     used = records["in_use"]
@@ -90,6 +102,51 @@ def _check_records(records, regions, counters, largest, limit, timestamps_used) 
     free_sizes = records["size"][~used]
     expect_largest = int(free_sizes.max()) if free_sizes.size else 0
     _require(largest == expect_largest, f"largest free {largest} != {expect_largest}")
+
+
+def _check_caching(a, records, largest) -> None:
+    """PyTorch's own consistency rule: every statistic equals what the segments show."""
+    used = records["in_use"]
+    _require(np.all(records["size"] % C.MIN_BLOCK_SIZE == 0),
+             "a block size is not a multiple of 512")
+    _require(np.all(records["requested_size"][used] <= records["size"][used]),
+             "an in-use block is smaller than its request")
+    ids = records["allocation_id"][used]
+    _require(np.unique(ids).size == ids.size and np.all(ids > 0), "allocation ids not unique")
+    expected = np.zeros((C.NUM_STATS, 3), dtype=np.int64)
+    for seg in a._segments():
+        pool = 1 + (0 if seg["segment_type"] == "small" else 1)
+        blocks = seg["blocks"]
+        split = len(blocks) > 1
+        seg_records = records[(records["address"] >= seg["address"])
+                              & (records["address"] < seg["address"] + seg["total_size"])]
+        _require(np.all(seg_records["bin"] == pool - 1), "a block is not in its segment's pool")
+        rows = [(C.SEGMENT, 1), (C.RESERVED_BYTES, seg["total_size"])]
+        if seg["total_size"] >= a.max_split_size:
+            expected[C.OVERSIZE_SEGMENTS, 0] += 1
+        for b in blocks:
+            if b["state"] == "active_allocated":
+                rows += [(C.ALLOCATION, 1), (C.ALLOCATED_BYTES, b["size"]), (C.ACTIVE, 1),
+                         (C.ACTIVE_BYTES, b["size"]), (C.REQUESTED_BYTES, b["requested_size"])]
+                if b["size"] >= a.max_split_size:
+                    expected[C.OVERSIZE_ALLOCATIONS, 0] += 1
+            elif split:
+                rows += [(C.INACTIVE_SPLIT, 1), (C.INACTIVE_SPLIT_BYTES, b["size"])]
+        for stat, amount in rows:
+            expected[stat, 0] += amount
+            expected[stat, pool] += amount
+    stats = a._stat_array()
+    for s in range(C.NUM_STATS):
+        columns = (0,) if s in (C.OVERSIZE_ALLOCATIONS, C.OVERSIZE_SEGMENTS) else (0, 1, 2)
+        for p in columns:
+            _require(stats[s, p, 0] == expected[s, p],
+                     f"{C.STAT_NAMES[s]}[{p}].current {stats[s, p, 0]} != {expected[s, p]}")
+            _require(stats[s, p, 1] >= stats[s, p, 0], f"{C.STAT_NAMES[s]}[{p}]: peak < current")
+    reserved = int(stats[C.RESERVED_BYTES, 0, 0])
+    _require(a.memory_limit is None or reserved <= a.memory_limit, "reserved exceeds the limit")
+    _require(a.backend.bytes_held >= reserved, "reserved bytes the backend does not hold")
+    free_sizes = records["size"][~used]
+    _require(largest == (int(free_sizes.max()) if free_sizes.size else 0), "largest free wrong")
 
 
 def _check_tree(chunks, bins, b) -> list[int]:

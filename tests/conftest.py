@@ -3,8 +3,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from numba_bfc import BFCAllocator
-from numba_bfc.reference import ReferenceBFCAllocator
+from numba_bfc import BFCAllocator, CachingAllocator
+from numba_bfc.reference import ReferenceBFCAllocator, ReferenceCachingAllocator
 
 settings.register_profile(
     "default", max_examples=60, deadline=None,
@@ -20,6 +20,12 @@ IMPLEMENTATIONS = [BFCAllocator, ReferenceBFCAllocator]
 @pytest.fixture(params=IMPLEMENTATIONS, ids=["numba", "reference"])
 def impl(request):
     """Each BFC test runs on the Numba allocator and on the reference oracle."""
+    return request.param
+
+
+@pytest.fixture(params=[CachingAllocator, ReferenceCachingAllocator], ids=["numba", "reference"])
+def caching_impl(request):
+    """Each caching-policy test runs on the Numba allocator and on the reference oracle."""
     return request.param
 
 

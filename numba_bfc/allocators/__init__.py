@@ -2,5 +2,6 @@
 
 from ._bfc_base import SharedCounter
 from .bfc import BFCAllocator
+from .caching import CachingAllocator
 
-__all__ = ["BFCAllocator", "SharedCounter"]
+__all__ = ["BFCAllocator", "CachingAllocator", "SharedCounter"]

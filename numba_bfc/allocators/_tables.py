@@ -65,7 +65,9 @@ class TableStore:
         rec["size"] = rows["size"]
         rec["in_use"] = rows["allocation_id"] != -1
         rec["requested_size"] = np.where(rec["in_use"], rows["requested_size"], 0)
-        rec["bin"] = rows["bin"]
+        # A region with a fixed bin (a caching pool) names it for every block.
+        pool = self._regions["bin"][rows["region"]]
+        rec["bin"] = np.where(pool >= 0, pool, rows["bin"])
         rec["allocation_id"] = rows["allocation_id"]
         rec["freed_at_count"] = np.where(rec["in_use"], 0, rows["freed_at_count"])
         return rec

@@ -258,11 +258,16 @@ def remove_region(chunks, bins, regions, state, r):
 
 @njit(cache=True)
 def largest_free_chunk(chunks, bins):
-    """Size of the largest free chunk in any bin (TF's ``LargestFreeChunk``)."""
-    for b in range(bins.shape[0] - 1, -1, -1):
+    """Size of the largest free chunk in any bin (TF's ``LargestFreeChunk``).
+
+    Every bin is looked at: BFC's bins are size classes, but a caching pool
+    holds blocks of any size.
+    """
+    largest = 0
+    for b in range(bins.shape[0]):
         if bins[b]["num_chunks"] > 0:
-            return chunks[tree_max(chunks, bins[b]["root"])]["size"]
-    return 0
+            largest = max(largest, chunks[tree_max(chunks, bins[b]["root"])]["size"])
+    return largest
 
 
 @njit(cache=True, inline="always")

@@ -1,0 +1,182 @@
+"""``CachingAllocator``: PyTorch's CUDA caching-allocator policy as Numba kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import layout as L
+from ..kernels.chunks import largest_free_chunk
+from ..policies import caching as C
+from ..policies.batch import CACHING_POLICY
+from ._caching_base import FREE_BLOCK_DTYPE, ONE_EIB, CachingBase
+from ._fastcall import Kernel
+from ._tables import TableStore
+from ._validate import MAX_INT64
+
+__all__ = ["CachingAllocator"]
+
+_ALLOCATE = Kernel(C.caching_allocate)
+_DEALLOCATE = Kernel(C.caching_deallocate)
+
+
+class CachingAllocator(TableStore, CachingBase):
+    """PyTorch's caching allocator policy (single stream), on the BFC kernels' tables.
+
+    Parameters
+    ----------
+    backend : SubAllocator
+        Where segments come from (``numba_bfc.backends``).
+    memory_limit : int or str, optional
+        Most bytes of segments held (PyTorch's per-process memory fraction,
+        in bytes); checked before asking the backend. None: only the backend limits.
+    max_split_size : int or str, optional
+        Blocks at least this big are never split, and normal requests never
+        take them (PyTorch's ``max_split_size_mb``, here in bytes; > 20 MiB).
+    roundup_power2_divisions : int, dict or str, optional
+        Round sizes up to one of N steps between powers of two: an int for
+        every interval, ``{interval_mb: N, ">": N}`` or ``"[256:1,>:4]"``.
+    garbage_collection_threshold : float, optional
+        In (0, 1): before a new segment, release the oldest cached unsplit
+        large segments until reserved memory is under ``threshold * limit``.
+        Needs a limit, as in PyTorch.
+    name : str, optional
+    memory_fraction : float, optional
+        The limit as a fraction of ``backend.total_memory()`` (instead of
+        ``memory_limit``).
+    max_non_split_rounding : int, optional
+        How much bigger than an oversize request a cached oversize block may be
+        and still serve it (default 20 MiB).
+
+    Options not given are read from ``NUMBA_BFC_CONF`` (``max_split_size_mb``,
+    ``roundup_power2_divisions``, ``garbage_collection_threshold``,
+    ``memory_fraction``, ...), then defaults. Every operation is one kernel
+    call under a lock.
+
+    Examples
+    --------
+    >>> from numba_bfc import CachingAllocator
+    >>> from numba_bfc.backends import VirtualSubAllocator
+    >>> c = CachingAllocator(VirtualSubAllocator())
+    >>> p = c.allocate_raw(1000)
+    >>> c.allocated_size(p), c.memory_stats()["reserved_bytes.all.current"]
+    (1024, 2097152)
+    >>> c.deallocate_raw(p)
+    """
+
+    _POLICY = CACHING_POLICY
+
+    def __init__(self, backend, memory_limit=None, max_split_size=None,
+                 roundup_power2_divisions=None, garbage_collection_threshold=None,
+                 name=None, *, memory_fraction=None, max_non_split_rounding=None) -> None:
+        super().__init__(backend, memory_limit, max_split_size, roundup_power2_divisions,
+                         garbage_collection_threshold, name, memory_fraction=memory_fraction,
+                         max_non_split_rounding=max_non_split_rounding)
+        (self._chunks, self._bins, self._regions, self._pmap, self._state,
+         self._tsq) = L.new_tables(C.NUM_POOLS, C.MIN_BLOCK_SIZE,
+                                   state_size=C.CACHING_STATE_SIZE)
+        st = self._state
+        st[C.C_MAX_SPLIT_SIZE] = self.max_split_size
+        st[C.C_MAX_NON_SPLIT_ROUNDING] = self.max_non_split_rounding
+        st[C.C_GC_ACTIVE] = int(self._gc_enabled)
+        st[C.C_DIVISIONS:C.C_DIVISIONS + C.ROUNDUP_INTERVALS] = self.roundup_power2_divisions
+        self._stats = st[C.C_STATS:C.CACHING_STATE_SIZE].reshape(C.NUM_STATS, 3, 4)
+
+    # Fast paths: one kernel call each; everything unusual goes to CachingBase.
+    def allocate_raw(self, num_bytes: int, alignment: int = C.MIN_BLOCK_SIZE,
+                     attributes=None) -> int:
+        if (type(num_bytes) is not int or not 0 < num_bytes < ONE_EIB
+                or type(alignment) is not int or not 0 < alignment <= C.MIN_BLOCK_SIZE
+                or alignment & (alignment - 1) or self._history is not None):
+            return super().allocate_raw(num_bytes, alignment, attributes)
+        with self._lock:
+            p = _ALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap, self._state,
+                               num_bytes)
+            if p > 0:
+                return p
+            # NOT_FOUND already counted a lookup on the GC clock: do not look again.
+            if p == L.NOT_FOUND:
+                return self._malloc_slow(num_bytes)
+            return self._malloc(num_bytes)
+
+    def deallocate_raw(self, ptr: int | None) -> None:
+        if type(ptr) is not int or not 0 < ptr <= MAX_INT64 or self._history is not None:
+            return super().deallocate_raw(ptr)
+        with self._lock:
+            if _DEALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
+                                self._state, ptr) < 0:
+                self._free(ptr)  # not live: the base class names the problem
+
+    # ------------------------------------------------------------------ table store
+    def _batch_alignment(self, alignment: int) -> int:
+        return self._check_alignment(alignment)
+
+    def _largest_request(self) -> int:
+        return ONE_EIB - 1
+
+    def _request_too_large(self, n: int, alignment: int):
+        return self._out_of_memory(n, n)
+
+    def _before_batch(self) -> None:
+        pass
+
+    def _serve_not_found(self, n: int, alignment: int) -> int:
+        return self._malloc_slow(n)
+
+    # ------------------------------------------------------------------ block store
+    def _round_size(self, n: int) -> int:
+        return int(C.round_size(n, self._state))
+
+    def _find_block(self, n: int) -> int:
+        p = self._until_room(_ALLOCATE.call, n)
+        return p if p > 0 else 0
+
+    def _add_segment(self, ptr: int, size: int, pool: int) -> int:
+        while True:
+            r = C.caching_add_segment(self._chunks, self._bins, self._regions, self._state,
+                                      ptr, size, pool)
+            if r != L.NEED_ROWS:
+                return int(r)
+            self._grow_tables()
+
+    def _take_from_segment(self, segment: int, n: int) -> int:
+        return int(self._until_room(C.caching_allocate_from_segment, segment, n))
+
+    def _release_segment(self, segment: int) -> tuple[int, int]:
+        base = int(self._regions[segment]["base"])
+        size = int(C.caching_release_segment(self._chunks, self._bins, self._regions,
+                                             self._state, segment))
+        return base, size
+
+    def _free_block(self, ptr: int) -> int | None:
+        r = _DEALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap, self._state,
+                             ptr)
+        return None if r < 0 else int(r)
+
+    def _free_blocks(self, pool: int) -> np.ndarray:
+        ch = self._chunks
+        rows = ch[(ch["size"] > 0) & (ch["allocation_id"] == -1) & (ch["bin"] == pool)]
+        rows = rows[np.lexsort((rows["ptr"], rows["size"]))]
+        out = np.zeros(rows.shape[0], dtype=FREE_BLOCK_DTYPE)
+        out["size"] = rows["size"]
+        out["ptr"] = rows["ptr"]
+        out["segment"] = rows["region"]
+        out["split"] = (rows["prev"] != L.NO_HANDLE) | (rows["next"] != L.NO_HANDLE)
+        out["gc_count"] = self._state[C.C_GC_CLOCK + pool] - rows["freed_at_count"]
+        return out
+
+    def _stat_array(self) -> np.ndarray:
+        return self._stats
+
+    def _largest_alloc(self) -> int:
+        return int(self._state[L.S_LARGEST_ALLOC_SIZE])
+
+    def _set_largest_alloc(self, value: int) -> None:
+        self._state[L.S_LARGEST_ALLOC_SIZE] = value
+
+    def _largest_free(self) -> int:
+        return int(largest_free_chunk(self._chunks, self._bins))
+
+    def _segment_list(self) -> list[tuple[int, int, int]]:
+        live = self._live_regions()
+        return [(int(b), int(s), int(p)) for b, s, p in zip(live["base"], live["size"],
+                                                            live["bin"])]

@@ -1,0 +1,142 @@
+"""Random programs on CachingAllocator and the reference oracle: same addresses,
+same errors, same PyTorch statistics and snapshots, invariants after every step."""
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from numba_bfc import CachingAllocator, InvalidPointerError, OutOfMemoryError
+from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.invariants import check_invariants
+from numba_bfc.reference import ReferenceCachingAllocator
+
+KiB, MiB = 1 << 10, 1 << 20
+
+sizes = st.one_of(
+    st.integers(1, 4 * KiB),  # small pool
+    st.integers(1, 1 * MiB),  # small pool, several per segment
+    st.integers(1 * MiB + 1, 12 * MiB),  # 20 MiB and rounded large segments
+    st.integers(20 * MiB, 70 * MiB),  # oversize when max_split_size is set
+    st.sampled_from([512, 1 * MiB, 1 * MiB + 1, 10 * MiB, 21 * MiB]),
+)
+ops = st.one_of(
+    st.tuples(st.just("alloc"), sizes, st.sampled_from([512, 512, 1, 64, 256])),
+    st.tuples(st.just("alloc"), sizes, st.just(512)),
+    st.tuples(st.just("free"), st.integers(0, 1000), st.just(0)),
+    st.tuples(st.just("free"), st.integers(0, 1000), st.just(0)),
+    st.tuples(st.just("bad_free"), st.integers(0, 1000), st.sampled_from([0, 1, 512])),
+    st.tuples(st.just("empty_cache"), st.just(0), st.just(0)),
+    st.tuples(st.just("reset"), st.integers(0, 2), st.just(0)),
+)
+configs = st.fixed_dictionaries(
+    {
+        "memory_limit": st.sampled_from([None, None, 64 * MiB, 160 * MiB]),
+        "max_split_size": st.sampled_from([None, None, 24 * MiB, 48 * MiB]),
+        "roundup_power2_divisions": st.sampled_from([0, 0, 2, 4, {1: 8, 16: 2, ">": 4}]),
+        "garbage_collection_threshold": st.sampled_from([0.0, 0.0, 0.3, 0.8]),
+        "capacity": st.sampled_from([None, 96 * MiB, 200 * MiB]),
+    }
+)
+
+
+def _make(cls, config):
+    cfg = dict(config)
+    capacity = cfg.pop("capacity")
+    if cfg["memory_limit"] is None:
+        cfg["garbage_collection_threshold"] = 0.0  # PyTorch's collector needs a limit
+    return cls(VirtualSubAllocator(capacity), **cfg)
+
+
+def _step(a, live, freed, op):
+    kind, x, y = op
+    try:
+        if kind == "alloc":
+            p = a.allocate_raw(x, alignment=y)
+            live.append(p)
+            return ("ptr", p, a.allocated_size(p), a.requested_size(p), a.allocation_id(p))
+        if kind == "free":
+            if not live:
+                return None
+            p = live.pop(x % len(live))
+            a.deallocate_raw(p)
+            freed.append(p)
+            return "ok"
+        if kind == "bad_free":
+            if y == 0 or (y == 1 and not freed) or (y > 1 and not live):
+                target = (1 << 39) + x * 512
+            elif y == 1:
+                target = freed[x % len(freed)]
+            else:
+                target = live[x % len(live)] + y
+            if target not in live:
+                a.deallocate_raw(target)
+            return "ok"
+        if kind == "empty_cache":
+            return ("empty", a.empty_cache())
+        if kind == "reset":
+            if x == 0:
+                a.reset_peak_memory_stats()
+            elif x == 1:
+                a.reset_accumulated_memory_stats()
+            else:
+                a.clear_stats()
+            return "ok"
+    except OutOfMemoryError as e:
+        return ("oom", str(e), e.reason, e.rounded_bytes)
+    except InvalidPointerError as e:
+        return ("invalid", e.kind, str(e))
+    raise AssertionError(kind)
+
+
+def _observe(a):
+    return (a.memory_stats(), a.memory_snapshot(), a.get_stats(), a._records().tolist(),
+            a.backend.num_allocs, a.backend.num_frees)
+
+
+@given(config=configs, program=st.lists(ops, max_size=60))
+def test_numba_matches_reference(config, program):
+    fast = _make(CachingAllocator, config)
+    ref = _make(ReferenceCachingAllocator, config)
+    live_f, live_r, freed_f, freed_r = [], [], [], []
+    for op in program:
+        out_f = _step(fast, live_f, freed_f, op)
+        out_r = _step(ref, live_r, freed_r, op)
+        assert out_f == out_r, op
+        assert _observe(fast) == _observe(ref), op
+        check_invariants(fast)
+        check_invariants(ref)
+    assert fast.memory_summary() == ref.memory_summary()
+
+
+@given(program=st.lists(st.tuples(st.booleans(), st.one_of(st.integers(1, 300 * KiB),
+                                                           st.integers(1, 30 * MiB)),
+                                  st.integers(0, 99)), max_size=200))
+def test_batch_matches_single_calls(program):
+    """The batch entry point does exactly what one call per operation does."""
+    ops, ids, szs, live, next_id = [], [], [], [], 0
+    for is_alloc, size, pick in program:
+        if is_alloc or not live:
+            ops.append(0)
+            ids.append(next_id)
+            szs.append(size)
+            live.append(next_id)
+            next_id += 1
+        else:
+            ops.append(1)
+            ids.append(live.pop(pick % len(live)))
+            szs.append(0)
+    a = CachingAllocator(VirtualSubAllocator())
+    out = a.run_batch(np.array(ops), np.array(ids), np.array(szs))
+    b = ReferenceCachingAllocator(VirtualSubAllocator())
+    addr, expect = {}, []
+    for op, i, s in zip(ops, ids, szs):
+        if op == 0:
+            addr[i] = b.allocate_raw(s)
+            expect.append(addr[i])
+        else:
+            b.deallocate_raw(addr.pop(i))
+            expect.append(0)
+    assert out.tolist() == expect
+    assert a.memory_stats() == b.memory_stats()
+    assert a.memory_snapshot() == b.memory_snapshot()
+    check_invariants(a)
