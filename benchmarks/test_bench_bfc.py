@@ -1,4 +1,4 @@
-"""BFC speed, always side by side with a baseline in the same run.
+"""BFC and caching-policy speed, always side by side with baselines in the same run.
 
 Run: ``python -m pytest benchmarks/test_bench_bfc.py --benchmark-columns=min,median,mean,rounds``
 """
@@ -11,9 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from numba_bfc import BFCAllocator
+from numba_bfc import BFCAllocator, CachingAllocator
 from numba_bfc.backends import VirtualSubAllocator
-from numba_bfc.reference import ReferenceBFCAllocator
+from numba_bfc.demo import training_workload
+from numba_bfc.reference import ReferenceBFCAllocator, ReferenceCachingAllocator
 
 MiB = 1 << 20
 PAIRS = 2000  # alloc+free pairs per benchmark round
@@ -44,8 +45,12 @@ def _run_churn(a, live, churn):
         live[slot] = alloc(size)
 
 
+ALLOCATORS = [BFCAllocator, ReferenceBFCAllocator, CachingAllocator, ReferenceCachingAllocator]
+ALLOCATOR_IDS = ["bfc-numba", "bfc-reference", "caching-numba", "caching-reference"]
+
+
 @pytest.mark.benchmark(group="pair-1000-live")
-@pytest.mark.parametrize("cls", [BFCAllocator, ReferenceBFCAllocator], ids=["numba", "reference"])
+@pytest.mark.parametrize("cls", ALLOCATORS, ids=ALLOCATOR_IDS)
 def test_alloc_free_pair_1000_live(benchmark, cls):
     """Free one of ~1000 live allocations and allocate 256 B - 4 MiB in its place."""
     a, live, churn = _churn_setup(cls, 1000)
@@ -55,16 +60,18 @@ def test_alloc_free_pair_1000_live(benchmark, cls):
 
 @pytest.mark.benchmark(group="pair-scaling")
 @pytest.mark.parametrize("live_count", [1000, 1_000_000], ids=["1k-live", "1M-live"])
-def test_pair_scaling(benchmark, live_count):
+@pytest.mark.parametrize("cls", [BFCAllocator, CachingAllocator], ids=["bfc", "caching"])
+def test_pair_scaling(benchmark, cls, live_count):
     """Per-pair time with 1,000,000 live chunks against 1,000, same sizes (256 B - 4 KiB)."""
-    a, live, churn = _churn_setup(BFCAllocator, live_count, max_size=4096)
+    a, live, churn = _churn_setup(cls, live_count, max_size=4096)
     benchmark.extra_info["pairs_per_round"] = PAIRS
     benchmark(_run_churn, a, live, churn)
 
 
 @pytest.mark.benchmark(group="batch")
 @pytest.mark.parametrize("mode", ["batch", "per-call"])
-def test_batch_throughput(benchmark, mode):
+@pytest.mark.parametrize("cls", [BFCAllocator, CachingAllocator], ids=["bfc", "caching"])
+def test_batch_throughput(benchmark, cls, mode):
     """1,000,000 operations (random churn, ~1000 live) in one kernel call vs one call each."""
     rng = np.random.default_rng(0)
     n = 1_000_000 if mode == "batch" else 100_000
@@ -83,7 +90,7 @@ def test_batch_throughput(benchmark, mode):
     benchmark.extra_info["operations"] = n
 
     def run():
-        a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 44)
+        a = cls(VirtualSubAllocator(), memory_limit=1 << 44)
         if mode == "batch":
             a.run_batch(ops, ids, sizes)
         else:
@@ -97,6 +104,24 @@ def test_batch_throughput(benchmark, mode):
     benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
 
 
+@pytest.mark.benchmark(group="training")
+@pytest.mark.parametrize("cls", [BFCAllocator, CachingAllocator], ids=["bfc", "caching"])
+def test_training_workload(benchmark, cls):
+    """An MNIST-sized training loop (``numba_bfc.demo.training_workload``), 20 steps:
+    time, and backend allocations against one per request without a pool."""
+    backends = []
+
+    def run():
+        backend = VirtualSubAllocator()
+        backends.append(backend)
+        return training_workload(cls(backend, memory_limit=1 << 34), steps=20)
+
+    requests = benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
+    benchmark.extra_info["requests"] = requests
+    benchmark.extra_info["backend_allocations"] = backends[-1].num_allocs
+    print(f"\n{cls.__name__}: {requests} requests, {backends[-1].num_allocs} backend allocations")
+
+
 _FIRST = r"""
 import time
 t0 = time.perf_counter()
@@ -105,13 +130,16 @@ from numba_bfc.backends import VirtualSubAllocator
 t1 = time.perf_counter()
 a = numba_bfc.BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
 a.deallocate_raw(a.allocate_raw(1000))
+c = numba_bfc.CachingAllocator(VirtualSubAllocator())
+c.deallocate_raw(c.allocate_raw(1000))
 t2 = time.perf_counter()
 print(t1 - t0, t2 - t1)
 """
 
 
 def test_first_call_cold_and_warm(tmp_path):
-    """Import time and first allocation+free, with an empty and a warm Numba cache."""
+    """Import time and first allocation+free (BFC and caching), with an empty and a
+    warm Numba cache."""
     env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PATH": ""}
     out = {}
     for label in ("cold", "warm"):

@@ -96,7 +96,10 @@ class BFCBase(Allocator):
             )
         else:
             self._max_internal_fragmentation = DEFAULT_MAX_INTERNAL_FRAGMENTATION
-        self._lock = threading.Lock()
+        # Reentrant: arrays from empty() free themselves from finalizers, which may
+        # run on this thread while it holds the lock; tables are consistent
+        # between kernel calls, so a nested free is safe.
+        self._lock = threading.RLock()
         self._timing_counter = None
         self._timestamps_used = False
         self._safe_frontier = 0

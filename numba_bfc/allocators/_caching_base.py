@@ -80,7 +80,10 @@ class CachingBase(Allocator):
         self.roundup_power2_divisions = opts.roundup_power2_divisions
         self.garbage_collection_threshold = opts.garbage_collection_threshold
         self._gc_enabled = opts.memory_limit is not None and opts.garbage_collection_threshold > 0
-        self._lock = threading.Lock()
+        # Reentrant: arrays from empty() free themselves from finalizers, which may
+        # run on this thread while it holds the lock; tables are consistent
+        # between kernel calls, so a nested free is safe.
+        self._lock = threading.RLock()
         self._events = dict.fromkeys(_COUNTER_NAMES, 0)
         self._history: collections.deque | None = None
 

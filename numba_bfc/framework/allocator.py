@@ -53,6 +53,7 @@ _GPU_COMPATIBLE = 1 << 2
 _TRACK_SIZES = 1 << 3
 _DEVICE_SHIFT = 24  # TF reserves the upper 8 bits of the value for devices
 _MAX_VALUE = (1 << 32) - 1
+_MAX_BYTES = (1 << 63) - 1  # sizes are int64 everywhere
 
 
 class AllocatorAttributes:
@@ -210,8 +211,8 @@ class Allocator(abc.ABC):
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
             raise ValueError(f"count must be an integer >= 0, got {count!r}")
         nbytes = int(count) * dt.itemsize
-        if int(count) and nbytes // int(count) != dt.itemsize:
-            raise ValueError(f"count {count} overflows")
+        if nbytes > _MAX_BYTES:
+            raise ValueError(f"{count} elements of {dt} is {nbytes} bytes, more than 2**63 - 1")
         return self.allocate_raw(nbytes, max(DEFAULT_ALIGNMENT, dt.alignment), attributes)
 
     def empty(self, shape, dtype=np.float64) -> np.ndarray:
