@@ -54,3 +54,33 @@ __all__ = [
     "register_allocator",
     "__version__",
 ]
+
+
+# The Numba plugin and CuPy allocator import numba.cuda (and CuPy) on first
+# use, so that importing numba_bfc stays fast and works without numba-cuda or
+# under the CUDA simulator. NUMBA_CUDA_MEMORY_MANAGER=numba_bfc reads
+# numba_bfc._numba_memory_manager through this hook.
+_LAZY = {
+    "NumbaBFCMemoryManager": "numba_bfc.integrations.numba_emm",
+    "CudaOutOfMemoryError": "numba_bfc.integrations.numba_emm",
+    "use_numba_bfc": "numba_bfc.integrations.numba_emm",
+    "current_manager": "numba_bfc.integrations.numba_emm",
+    "current_allocator": "numba_bfc.integrations.numba_emm",
+    "_numba_memory_manager": "numba_bfc.integrations.numba_emm",
+    "cupy_allocator": "numba_bfc.integrations.cupy",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'numba_bfc' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -5,7 +5,11 @@ One small interface: ``alloc(nbytes, alignment) -> (ptr, received) or None``,
 """
 
 from .base import SubAllocator
+from .cuda import CudaSubAllocator, CudaUnavailableError, CudaVirtualSubAllocator, cuda_available
 from .host import HostSubAllocator
 from .virtual import VirtualSubAllocator
 
-__all__ = ["SubAllocator", "VirtualSubAllocator", "HostSubAllocator"]
+__all__ = [
+    "SubAllocator", "VirtualSubAllocator", "HostSubAllocator", "CudaSubAllocator",
+    "CudaVirtualSubAllocator", "CudaUnavailableError", "cuda_available",
+]

@@ -1,0 +1,159 @@
+"""Numba device allocation on a GPU: numba_bfc's plugin against the alternatives, side by side.
+
+Each group compares, in one run: numba_bfc (BFC and caching policies, plain
+backend), Numba's default manager (``cuMemAlloc``/``cuMemFree`` per array),
+RMM's Numba plugin over an RMM pool (if ``rmm`` is importable) and, for CuPy
+arrays, CuPy's own pool (if ``cupy`` is importable). ``extra_info`` records
+the memory-management driver calls per round.
+
+Run: ``python -m pytest -m cuda benchmarks/gpu --benchmark-columns=min,median,mean,rounds
+--benchmark-group-by=group`` (skipped without an NVIDIA GPU and numba-cuda).
+"""
+
+import contextlib
+import gc
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# Share the GPU tests' helpers (context switching, driver-call counting).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
+from gpu_support import (  # noqa: E402
+    GPU_SKIP,
+    count_driver_calls,
+    default_numba_context,
+    numba_bfc_context,
+)
+
+pytestmark = [pytest.mark.cuda, GPU_SKIP]
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+CYCLES_PER_ROUND = 10  # passes over SIZES per benchmark round
+KERNEL_STEPS = 200  # kernel launches per round, each with fresh temporaries
+N = 1 << 20  # float32 elements per kernel temporary (4 MiB)
+
+
+@contextlib.contextmanager
+def rmm_context():
+    """A fresh CUDA context whose memory manager is RMM's plugin over an RMM pool."""
+    rmm = pytest.importorskip("rmm")
+    from numba import cuda
+    from numba.cuda.cudadrv import driver as drv
+    from rmm.allocators.numba import RMMNumbaManager
+
+    saved = drv._memory_manager
+    gc.collect()
+    cuda.close()
+    rmm.reinitialize(pool_allocator=True, initial_pool_size=1 << 30)
+    try:
+        drv._memory_manager = RMMNumbaManager
+        yield cuda.current_context()
+    finally:
+        gc.collect()
+        cuda.close()
+        drv._memory_manager = saved
+        rmm.reinitialize()
+
+
+MANAGERS = {
+    "numba_bfc-bfc": lambda: numba_bfc_context(policy="bfc", backend="plain"),
+    "numba_bfc-caching": lambda: numba_bfc_context(policy="caching", backend="plain"),
+    "numba-default": default_numba_context,
+    "rmm-pool": rmm_context,
+}
+
+
+@pytest.fixture(params=list(MANAGERS), ids=list(MANAGERS))
+def manager(request):
+    with MANAGERS[request.param]() as ctx:
+        yield ctx
+
+
+def _run_rounds(benchmark, fn, rounds):
+    from numba import cuda
+
+    fn()  # warm-up: compile kernels, grow pools
+    cuda.synchronize()
+    with count_driver_calls() as calls:
+        fn()
+        cuda.synchronize()
+    benchmark.extra_info["driver_calls_per_round"] = sum(calls.values())
+    benchmark.extra_info["driver_calls"] = {k: v for k, v in calls.items() if v}
+    benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=1)
+
+
+@pytest.mark.benchmark(group="device_array-alloc-free-4KiB-64MiB")
+def test_device_array_cycles(benchmark, manager):
+    """``cuda.device_array`` then drop it, over 4 KiB - 64 MiB, ten passes per round."""
+    from numba import cuda
+
+    def cycles():
+        for _ in range(CYCLES_PER_ROUND):
+            for nbytes in SIZES:
+                a = cuda.device_array(nbytes, dtype=np.uint8)
+                del a
+
+    benchmark.extra_info["allocations_per_round"] = CYCLES_PER_ROUND * len(SIZES)
+    _run_rounds(benchmark, cycles, rounds=30)
+
+
+@pytest.mark.benchmark(group="kernel-loop-with-temporaries")
+def test_kernel_loop_with_temporaries(benchmark, manager):
+    """Each step allocates two temporaries, launches two kernels and drops the inputs."""
+    from numba import cuda
+
+    @cuda.jit
+    def axpy(x, y, out):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = 1.5 * x[i] + y[i]
+
+    @cuda.jit
+    def relu(x, out):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = max(x[i], np.float32(0.0))
+
+    grid, block = (N + 255) // 256, 256
+    state = {"x": cuda.to_device(np.linspace(-1, 1, N, dtype=np.float32))}
+
+    def steps():
+        x = state["x"]
+        for _ in range(KERNEL_STEPS):
+            t = cuda.device_array(N, dtype=np.float32)
+            axpy[grid, block](x, x, t)
+            y = cuda.device_array(N, dtype=np.float32)
+            relu[grid, block](t, y)
+            del t
+            x = y
+        state["x"] = x
+        cuda.synchronize()
+
+    benchmark.extra_info["allocations_per_round"] = 2 * KERNEL_STEPS
+    _run_rounds(benchmark, steps, rounds=10)
+
+
+@pytest.mark.benchmark(group="cupy-empty-alloc-free-4KiB-64MiB")
+@pytest.mark.parametrize("allocator", ["cupy-pool", "numba_bfc"])
+def test_cupy_cycles(benchmark, allocator):
+    """``cupy.empty`` then drop it: CuPy's default pool vs numba_bfc's shared pool."""
+    cupy = pytest.importorskip("cupy")
+    from numba_bfc.integrations.cupy import cupy_allocator
+
+    def cycles():
+        for _ in range(CYCLES_PER_ROUND):
+            for nbytes in SIZES:
+                a = cupy.empty(nbytes, dtype=cupy.uint8)
+                del a
+
+    with numba_bfc_context(policy="bfc", backend="plain"):
+        if allocator == "numba_bfc":
+            cupy.cuda.set_allocator(cupy_allocator)
+        try:
+            benchmark.extra_info["allocations_per_round"] = CYCLES_PER_ROUND * len(SIZES)
+            _run_rounds(benchmark, cycles, rounds=30)
+        finally:
+            cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+            cupy.get_default_memory_pool().free_all_blocks()

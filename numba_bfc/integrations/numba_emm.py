@@ -1,0 +1,670 @@
+"""Numba EMM plugin: every Numba device array and kernel temporary on a numba_bfc pool.
+
+Select it before the first CUDA context exists, either with the environment
+(``NUMBA_CUDA_MEMORY_MANAGER=numba_bfc``) or in code (``use_numba_bfc()``).
+Numba then creates one ``NumbaBFCMemoryManager`` per CUDA context, and each
+manager owns one allocator (BFC or caching policy) over one backend (plain
+``cuMemAlloc`` regions or one virtual address range).
+
+Design of frees. ``weakref.finalize`` callbacks run whenever Python collects
+a ``MemoryPointer``: in any thread, and possibly inside our own ``memalloc``
+while the allocator's (non-reentrant) lock is held. So a finalizer only
+appends ``(address, generation)`` to a deque, which is thread-safe and takes
+no lock; the queue is drained under the manager's ``RLock`` at the next
+``memalloc``, ``get_memory_info``, ``reset``, ``release_unused`` or
+``current_allocator()``. Entries from before a ``reset()`` carry an old
+generation and are dropped, so an address handed out again after a reset is
+never freed by a stale finalizer.
+
+Streams. The EMM interface passes no stream to ``memalloc`` or to finalizers,
+so (as with RMM's Numba plugin) a freed block may be handed out again at
+once. That is safe when the work using the block and the work of its next
+owner are ordered: both on one stream, or either on the legacy default stream
+(which waits for, and is waited for by, Numba's blocking streams). With
+kernels on several streams, keep arrays alive until their streams are
+synchronized, or drop them inside ``cuda.defer_cleanup()``, whose queued
+frees are applied only when the outermost section ends (synchronize before
+leaving it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import gc
+import inspect
+import logging
+import threading
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from numba import cuda
+
+if not hasattr(cuda, "HostOnlyCUDAMemoryManager"):
+    raise ImportError(
+        "numba_bfc.integrations.numba_emm: NUMBA_ENABLE_CUDASIM=1 is set, and the CUDA "
+        "simulator has no external memory management (EMM) interface; unset it to use "
+        "the numba_bfc memory manager")
+
+from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, IpcHandle, MemoryInfo
+from numba.cuda.cudadrv import driver as _drv
+from numba.cuda.cudadrv.driver import CudaAPIError, MemoryPointer
+from sortedcontainers import SortedDict
+
+from .._config import conf_from_env, parse_str
+from ..allocators import BFCAllocator
+from ..backends.base import SubAllocator
+from ..errors import InvalidPointerError, OutOfMemoryError
+
+__all__ = [
+    "NumbaBFCMemoryManager",
+    "CudaOutOfMemoryError",
+    "BFCIpcHandle",
+    "use_numba_bfc",
+    "current_allocator",
+    "current_manager",
+]
+
+_log = logging.getLogger("numba_bfc")
+
+POLICIES = ("bfc", "caching")
+BACKENDS = ("plain", "virtual")
+# Keys this plugin reads from NUMBA_BFC_CONF; the allocators read the others.
+PLUGIN_CONF_KEYS = {"policy": parse_str, "backend": parse_str}
+
+# numba-cuda always uses the NVIDIA binding; numba's built-in target only when
+# NUMBA_CUDA_USE_NVIDIA_BINDING=1. Device pointers must be of the matching type.
+_NV_BINDING = bool(getattr(_drv, "USE_NV_BINDING", True))
+if _NV_BINDING:
+    _CUDA_OOM = _drv.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+
+    def _device_ptr(addr: int) -> Any:
+        return _drv.binding.CUdeviceptr(addr)
+else:
+    from numba.cuda.cudadrv import drvapi as _drvapi
+    from numba.cuda.cudadrv import enums as _enums
+
+    _CUDA_OOM = _enums.CUDA_ERROR_OUT_OF_MEMORY
+    _device_ptr = ctypes.c_void_p
+
+_IPC_HANDLE_BYTES = 64  # CU_IPC_HANDLE_SIZE
+
+
+class CudaOutOfMemoryError(OutOfMemoryError, CudaAPIError):
+    """``memalloc`` could not be served, even after applying pending frees.
+
+    Both a ``numba_bfc.OutOfMemoryError`` (with the allocator's stats, bin
+    summary and occupancy map) and a Numba ``CudaAPIError`` whose ``code`` is
+    ``CUDA_ERROR_OUT_OF_MEMORY``, so code written for Numba's default memory
+    manager catches it unchanged.
+    """
+
+    def __init__(self, err: OutOfMemoryError | str) -> None:
+        if isinstance(err, OutOfMemoryError):
+            OutOfMemoryError.__init__(
+                self, str(err), allocator_name=err.allocator_name, num_bytes=err.num_bytes,
+                rounded_bytes=err.rounded_bytes, alignment=err.alignment, stats=err.stats,
+                bin_summary=err.bin_summary, occupancy=err.occupancy, reason=err.reason)
+        else:  # unpickling passes the message back
+            OutOfMemoryError.__init__(self, str(err))
+        self.code = _CUDA_OOM
+        self.msg = str(err)
+
+    def __str__(self) -> str:
+        return f"[CUDA_ERROR_OUT_OF_MEMORY] {self.msg}"
+
+
+# ---------------------------------------------------------------------------- IPC
+def _ipc_handle_bytes(handle: Any) -> bytes:
+    # cuda-bindings >= 13.4 no longer exposes CUipcMemHandle.reserved, which
+    # Numba's IpcHandle.__reduce__ reads; the 64 bytes are read at getPtr().
+    if hasattr(handle, "getPtr"):
+        return ctypes.string_at(handle.getPtr(), _IPC_HANDLE_BYTES)
+    return bytes(handle)  # ctypes array (numba's built-in ctypes binding)
+
+
+def _ipc_handle_from_bytes(raw: bytes) -> Any:
+    if _NV_BINDING:
+        handle = _drv.binding.CUipcMemHandle()
+        ctypes.memmove(handle.getPtr(), raw, _IPC_HANDLE_BYTES)
+        return handle
+    return _drvapi.cu_ipc_mem_handle.from_buffer_copy(raw)
+
+
+def _rebuild_ipc_handle(raw: bytes, size: int, source_info: Any, offset: int) -> BFCIpcHandle:
+    return BFCIpcHandle(None, _ipc_handle_from_bytes(raw), size, source_info, offset=offset)
+
+
+class BFCIpcHandle(IpcHandle):
+    """Numba's ``IpcHandle``, picklable with every cuda-bindings version.
+
+    Opening it in another process (``open``, ``open_array``) is Numba's code;
+    only serialisation differs: the handle's 64 bytes travel as ``bytes``.
+    """
+
+    def __reduce__(self):
+        return (_rebuild_ipc_handle,
+                (_ipc_handle_bytes(self.handle), self.size, self.source_info, self.offset))
+
+
+def _allocation_base(memory: Any) -> int:
+    """Base address of the driver allocation holding ``memory`` (``cuMemGetAddressRange``)."""
+    base, _end = _drv.device_extents(memory)
+    return int(base)
+
+
+def _ipc_mem_handle(base: int) -> Any:
+    return _drv.driver.cuIpcGetMemHandle(base)
+
+
+def _address(memory: Any) -> int:
+    return int(memory.device_pointer_value or 0)
+
+
+# ---------------------------------------------------------------------------- backends
+class _TrackedBackend(SubAllocator):
+    """The real backend, plus a record of every region it granted.
+
+    ``reset()`` must give all device memory back whatever the policy, and an
+    allocator has no "free everything"; the record lets the manager free each
+    region exactly as it was granted.
+    """
+
+    def __init__(self, inner: SubAllocator) -> None:
+        super().__init__()
+        self.inner = inner
+        self.supports_coalescing = bool(inner.supports_coalescing)
+        self.host_accessible = bool(inner.host_accessible)
+        self.capacity = inner.capacity
+        self._granted: SortedDict = SortedDict()
+
+    def total_memory(self) -> int | None:
+        return self.inner.total_memory()
+
+    def _alloc(self, nbytes: int, alignment: int) -> tuple[int, int] | None:
+        got = self.inner.alloc(nbytes, alignment)
+        if got is not None:
+            self._granted[got[0]] = got[1]
+        return got
+
+    def _free(self, ptr: int, nbytes: int) -> None:
+        self.inner.free(ptr, nbytes)
+        # A coalescing allocator frees several granted regions in one call.
+        for start in list(self._granted.irange(ptr, ptr + nbytes - 1)):
+            del self._granted[start]
+
+    def release_all(self) -> int:
+        """Free every region still granted; returns the bytes freed."""
+        total = 0
+        while self._granted:
+            start, size = self._granted.peekitem(0)
+            self.free(start, size)
+            total += size
+        return total
+
+
+def _device_memory_info(backend: SubAllocator) -> tuple[int, int]:
+    """``(free, total)`` of what ``backend`` draws from."""
+    info = getattr(backend, "memory_info", None)
+    if info is not None:
+        free, total = info()
+        return int(free), int(total)
+    # Simulated backends: their capacity is the whole "device".
+    total = backend.total_memory()
+    if total is None:
+        raise NotImplementedError(
+            f"{type(backend).__name__} has neither memory_info() nor a capacity")
+    return max(0, int(total) - int(backend.bytes_held)), int(total)
+
+
+def _policy_class(policy: str) -> type:
+    if policy == "bfc":
+        return BFCAllocator
+    try:
+        from ..allocators.caching import CachingAllocator
+    except ImportError as e:
+        raise ImportError(
+            "numba_bfc: policy 'caching' needs numba_bfc.allocators.caching.CachingAllocator, "
+            f"which cannot be imported: {e}") from e
+    return CachingAllocator
+
+
+def _check_choice(value: Any, allowed: tuple[str, ...], what: str) -> str:
+    v = str(value).strip().lower()
+    if v not in allowed:
+        raise ValueError(
+            f"numba_bfc: unknown {what} {value!r} (choose one of {', '.join(allowed)})")
+    return v
+
+
+# ---------------------------------------------------------------------------- the plugin
+class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
+    """Numba External Memory Management plugin over a numba_bfc allocator.
+
+    Numba creates one instance per CUDA context (``Manager(context=ctx)``);
+    configure the class with ``use_numba_bfc(...)``, or with the
+    ``NUMBA_BFC_CONF`` keys ``policy`` and ``backend`` when selected through
+    ``NUMBA_CUDA_MEMORY_MANAGER=numba_bfc``.
+
+    Parameters
+    ----------
+    context : numba.cuda.cudadrv.driver.Context or None
+        The context this manager serves. ``None`` only for the throw-away
+        instance ``set_memory_manager`` makes to read ``interface_version``;
+        such an instance touches no driver and allocates nothing.
+    policy : {"bfc", "caching"}, optional
+        ``BFCAllocator`` (TensorFlow) or ``CachingAllocator`` (PyTorch).
+        Default: ``NUMBA_BFC_CONF`` key ``policy``, else ``"bfc"``.
+    backend : {"plain", "virtual"} or SubAllocator or callable, optional
+        ``"plain"``: ``CudaSubAllocator`` (``cuMemAlloc`` regions; IPC works);
+        ``"virtual"``: ``CudaVirtualSubAllocator`` (one reserved address range,
+        regions coalesce; no IPC). A ``SubAllocator`` instance is used as is
+        (tests, simulations: one context only); a callable is called as
+        ``backend(context)`` for each context. Default: ``NUMBA_BFC_CONF`` key
+        ``backend``, else ``"plain"``.
+    va_size : int, optional
+        Address space the virtual backend reserves (default: device memory).
+    **allocator_options
+        Passed to the policy's constructor (e.g. ``memory_limit``,
+        ``allow_growth``, ``garbage_collection`` for BFC; ``max_split_size``,
+        ``roundup_power2_divisions`` for caching). Options not given are read by
+        the allocator from ``NUMBA_BFC_CONF``.
+
+    Notes
+    -----
+    Out of memory: pending frees are applied, regions with nothing in use go
+    back to the driver, and, last, ``gc.collect()`` frees arrays caught in
+    reference cycles; the request is retried after each step that freed
+    something, and a final failure raises ``CudaOutOfMemoryError``. Inside
+    ``defer_cleanup()`` none of this happens, as with Numba's own manager.
+    """
+
+    #: Class-level options set by ``use_numba_bfc`` (constructor arguments win).
+    _preset: dict[str, Any] = {}
+
+    def __init__(self, *, context: Any, policy: str | None = None,
+                 backend: str | SubAllocator | Callable[[Any], SubAllocator] | None = None,
+                 va_size: int | None = None, **allocator_options: Any) -> None:
+        super().__init__(context=context)
+        opts = dict(self._preset)
+        opts.update({k: v for k, v in dict(policy=policy, backend=backend,
+                                              va_size=va_size).items() if v is not None})
+        opts.update(allocator_options)
+        env = conf_from_env(PLUGIN_CONF_KEYS)
+        self.policy = _check_choice(opts.pop("policy", env.get("policy", "bfc")), POLICIES,
+                                    "policy")
+        spec = opts.pop("backend", env.get("backend", "plain"))
+        if isinstance(spec, str):
+            spec = _check_choice(spec, BACKENDS, "backend")
+        elif not (isinstance(spec, SubAllocator) or callable(spec)):
+            raise TypeError(
+                f"numba_bfc: backend must be 'plain', 'virtual', a SubAllocator or a callable, "
+                f"not {type(spec).__name__}")
+        self._backend_spec = spec
+        self._va_size = opts.pop("va_size", None)
+        cls = _policy_class(self.policy)
+        try:  # reject misspelt options now, not at the first allocation
+            inspect.signature(cls).bind(None, **opts)
+        except TypeError as e:
+            raise TypeError(f"numba_bfc: bad option for policy {self.policy!r}: {e}") from None
+        self._policy_cls = cls
+        self._allocator_options = opts
+        self._lock = threading.RLock()
+        self._pending: deque = deque()
+        self._generation = 0
+        self._defer_depth = 0
+        self._allocator: Any = None
+        self._tracked: _TrackedBackend | None = None
+        self._owns_backend = False
+        self._ctx_ref = None if context is None else _weak(context)
+
+    # ------------------------------------------------------------------ EMM interface
+    @property
+    def interface_version(self) -> int:
+        """The EMM plugin interface implemented: 1."""
+        return 1
+
+    def initialize(self) -> None:
+        """Create the backend and allocator; idempotent (Numba calls it on every push)."""
+        if self._allocator is None and self.context is not None:
+            with self._lock:
+                self._ensure_allocator_locked()
+
+    def memalloc(self, size: int) -> MemoryPointer:
+        """Allocate ``size`` bytes of device memory from the pool.
+
+        Returns
+        -------
+        numba.cuda.MemoryPointer
+            Owns the block: when it (and every view of it) is collected, the
+            block is queued for return to the pool.
+
+        Raises
+        ------
+        CudaOutOfMemoryError
+            The pool and the device cannot serve the request.
+        """
+        size = int(size)
+        if size == 0:
+            return MemoryPointer(self._ctx_ref, _device_ptr(0), 0)
+        with self._lock:
+            if self._pending:
+                self._drain_locked()
+            addr = self._allocate_locked(size)
+            generation = self._generation
+        # functools.partial of deque.append: the finalizer runs no Python code
+        # of ours, takes no lock, and keeps neither this manager nor the
+        # context alive.
+        return MemoryPointer(self._ctx_ref, _device_ptr(addr), size,
+                             finalizer=functools.partial(self._pending.append,
+                                                         (addr, generation)))
+
+    def get_memory_info(self) -> MemoryInfo:
+        """``(free, total)``: what this context can still allocate, and the device total.
+
+        ``free`` is the pool's free bytes plus what the device can still give
+        the pool (bounded by the allocator's memory limit); ``total`` is the
+        device's total memory.
+        """
+        with self._lock:
+            alloc = self._ensure_allocator_locked()
+            self._drain_locked()
+            dev_free, dev_total = _device_memory_info(self._tracked.inner)
+            stats = alloc.get_stats()
+            reserved = int(stats.bytes_reserved)
+            pool_free = reserved - int(stats.bytes_in_use)
+            limit = getattr(alloc, "memory_limit", None)
+            headroom = dev_free if limit is None else min(dev_free, max(0, limit - reserved))
+            return MemoryInfo(free=pool_free + headroom, total=dev_total)
+
+    def get_ipc_handle(self, memory: MemoryPointer) -> BFCIpcHandle:
+        """An IPC handle for ``memory``: its region's ``cuIpcGetMemHandle`` plus an offset.
+
+        Raises
+        ------
+        NotImplementedError
+            The backend's memory cannot be exported with ``cuIpcGetMemHandle``
+            (the virtual backend maps ``cuMemCreate`` memory).
+        """
+        with self._lock:
+            self._ensure_allocator_locked()
+            inner = self._tracked.inner
+        if not getattr(inner, "ipc_capable", False):
+            raise NotImplementedError(
+                f"numba_bfc: IPC handles need the 'plain' backend (cuMemAlloc regions); memory "
+                f"from {type(inner).__name__} cannot be exported with cuIpcGetMemHandle")
+        base = _allocation_base(memory)
+        offset = _address(memory) - base
+        source_info = self.context.device.get_device_identity()
+        return BFCIpcHandle(memory, _ipc_mem_handle(base), memory.size, source_info,
+                            offset=offset)
+
+    def reset(self) -> None:
+        """Free all device memory of this context and forget every block.
+
+        Finalizers of blocks allocated before the reset are ignored afterwards.
+        Regions go back to the driver (skipped at interpreter exit, when the
+        driver frees everything itself).
+        """
+        with self._lock:
+            self._generation += 1
+            self._pending.clear()
+            tracked, owned = self._tracked, self._owns_backend
+            self._allocator = None
+            self._tracked = None
+            try:
+                if tracked is not None and not _drv.utils.shutting_down():
+                    tracked.release_all()
+                    if owned and hasattr(tracked.inner, "close"):
+                        tracked.inner.close()
+            finally:
+                super().reset()
+
+    @contextlib.contextmanager
+    def defer_cleanup(self) -> Iterator[None]:
+        """Queue frees instead of applying them while active (nestable).
+
+        Blocks freed inside are not reused until the outermost section ends,
+        when the queue is drained, and the plugin gives no region back to the
+        driver meanwhile (the caching policy's own out-of-memory path, which
+        releases cached segments inside ``allocate_raw``, still may).
+        Numba's host-side deferral (``super().defer_cleanup()``) is held too.
+        """
+        with self._lock:
+            self._defer_depth += 1
+        try:
+            with super().defer_cleanup():
+                yield
+        finally:
+            with self._lock:
+                self._defer_depth -= 1
+                if self._defer_depth == 0 and self._allocator is not None:
+                    self._drain_locked()
+
+    # ------------------------------------------------------------------ extras
+    @property
+    def allocator(self) -> Any:
+        """This context's allocator (pending frees applied first): stats, memory maps,
+        occupancy (``get_stats()``, ``memory_map()``, ``render_occupancy()``)."""
+        with self._lock:
+            alloc = self._ensure_allocator_locked()
+            self._drain_locked()
+            return alloc
+
+    @property
+    def backend(self) -> SubAllocator | None:
+        """The backend regions come from (None before the first use)."""
+        return None if self._tracked is None else self._tracked.inner
+
+    @property
+    def pending_frees(self) -> int:
+        """Blocks collected by Python but not yet returned to the pool."""
+        return len(self._pending)
+
+    @property
+    def deferred(self) -> bool:
+        """True inside ``defer_cleanup()``."""
+        return self._defer_depth > 0
+
+    def release_unused(self) -> bool:
+        """Apply pending frees and give regions with nothing in use back to the driver.
+
+        Returns True if any memory went back. Does nothing inside ``defer_cleanup()``.
+        """
+        with self._lock:
+            if self._allocator is None or self._defer_depth:
+                return False
+            self._drain_locked()
+            return self._release_cached_locked(0)
+
+    def __repr__(self) -> str:
+        state = "unused" if self._allocator is None else repr(self._allocator)
+        return (f"{type(self).__name__}(policy={self.policy!r}, "
+                f"backend={self._backend_name()!r}, {state})")
+
+    # ------------------------------------------------------------------ internals
+    def _backend_name(self) -> str:
+        spec = self._backend_spec
+        return spec if isinstance(spec, str) else type(spec).__name__
+
+    def _ensure_allocator_locked(self) -> Any:
+        if self._allocator is not None:
+            return self._allocator
+        if self.context is None:
+            raise RuntimeError(
+                "numba_bfc: this memory manager has no CUDA context (it was created with "
+                "context=None, as set_memory_manager() does to check the interface version)")
+        spec = self._backend_spec
+        if spec == "plain":
+            from ..backends.cuda import CudaSubAllocator
+
+            inner, owned = CudaSubAllocator(context=self.context), True
+        elif spec == "virtual":
+            from ..backends.cuda import CudaVirtualSubAllocator
+
+            inner = CudaVirtualSubAllocator(context=self.context, va_size=self._va_size)
+            owned = True
+        elif isinstance(spec, SubAllocator):
+            inner, owned = spec, False
+        else:
+            inner, owned = spec(self.context), True
+        tracked = _TrackedBackend(inner)
+        try:
+            alloc = self._policy_cls(tracked, **self._allocator_options)
+        except BaseException:
+            if owned and hasattr(inner, "close"):
+                inner.close()
+            raise
+        self._tracked, self._owns_backend, self._allocator = tracked, owned, alloc
+        return alloc
+
+    def _drain_locked(self) -> int:
+        """Return queued blocks to the pool; entries of earlier generations are dropped."""
+        if self._defer_depth or self._allocator is None:
+            return 0
+        alloc, generation, pending = self._allocator, self._generation, self._pending
+        done, bad = 0, []
+        while True:
+            try:
+                addr, gen = pending.popleft()
+            except IndexError:
+                break
+            if gen != generation:
+                continue
+            try:
+                alloc.deallocate_raw(addr)
+                done += 1
+            except InvalidPointerError as e:
+                bad.append(e)
+        if bad:
+            # Each block has exactly one finalizer, so this is a bug, not a user error.
+            raise RuntimeError(
+                f"numba_bfc: {len(bad)} queued free(s) did not match a live block: {bad[0]}"
+            ) from bad[0]
+        return done
+
+    def _release_cached_locked(self, nbytes: int) -> bool:
+        alloc = self._allocator
+        if hasattr(alloc, "deallocate_free_regions"):
+            return bool(alloc.deallocate_free_regions(nbytes))
+        if hasattr(alloc, "empty_cache"):
+            held = self._tracked.bytes_held
+            alloc.empty_cache()
+            return self._tracked.bytes_held < held
+        return False
+
+    def _allocate_locked(self, size: int) -> int:
+        alloc = self._ensure_allocator_locked()
+        try:
+            return alloc.allocate_raw(size)
+        except OutOfMemoryError as err:
+            last = err
+        limit = getattr(alloc, "memory_limit", None)
+        if self._defer_depth or (limit is not None and size > limit):
+            raise CudaOutOfMemoryError(last)
+        # Cheapest remedy first (CuPy's order): frees queued since the drain at
+        # entry (finalizers may fire inside allocate_raw); free regions back to
+        # the driver, so that one region large enough can grow (TF's
+        # DeallocateFreeRegions); a full garbage collection (tens of ms) for
+        # arrays held only by reference cycles; regions once more.
+        steps = (self._drain_locked,
+                 lambda: self._release_cached_locked(size),
+                 self._collect_locked,
+                 lambda: self._release_cached_locked(size))
+        for step in steps:
+            if not step():
+                continue
+            try:
+                return alloc.allocate_raw(size)
+            except OutOfMemoryError as err:
+                last = err
+        raise CudaOutOfMemoryError(last)
+
+    def _collect_locked(self) -> int:
+        gc.collect()  # finalizers only queue, so collecting under our lock is safe
+        return self._drain_locked()
+
+
+def _weak(context: Any) -> Any:
+    # Numba's own manager hands pointers a proxy, so that pointers outliving a
+    # context do not keep it (and its modules and streams) alive.
+    try:
+        return weakref.proxy(context)
+    except TypeError:
+        return context
+
+
+_numba_memory_manager = NumbaBFCMemoryManager
+
+
+# ---------------------------------------------------------------------------- helpers
+def use_numba_bfc(policy: str | None = None,
+                  backend: str | SubAllocator | Callable[[Any], SubAllocator] | None = None,
+                  **options: Any) -> type[NumbaBFCMemoryManager]:
+    """Make Numba allocate device memory through numba_bfc (``cuda.set_memory_manager``).
+
+    Call it before the first CUDA context is created (before any
+    ``cuda.device_array`` or kernel launch), or follow it with ``cuda.close()``;
+    existing contexts keep their manager.
+
+    Parameters
+    ----------
+    policy, backend, **options
+        As for ``NumbaBFCMemoryManager``; options not given fall back to
+        ``NUMBA_BFC_CONF`` when each context's manager is created.
+
+    Returns
+    -------
+    type
+        The manager class installed (a configured subclass when options are given).
+    """
+    preset = {k: v for k, v in dict(policy=policy, backend=backend).items() if v is not None}
+    preset.update(options)
+    if preset:
+        cls = type("NumbaBFCMemoryManager", (NumbaBFCMemoryManager,),
+                   {"_preset": preset, "__module__": __name__,
+                    "__doc__": NumbaBFCMemoryManager.__doc__})
+    else:
+        cls = NumbaBFCMemoryManager
+    stale = [dev.id for dev in list(_drv.driver.devices.values())
+             if getattr(dev, "primary_context", None) is not None
+             and not isinstance(dev.primary_context.memory_manager, cls)]
+    cuda.set_memory_manager(cls)  # validates the options via cls(context=None)
+    if stale:
+        warnings.warn(
+            f"numba_bfc: CUDA context(s) for device(s) {stale} already exist and keep their "
+            "memory manager; call use_numba_bfc() before the first CUDA use, or cuda.close() "
+            "after it", RuntimeWarning, stacklevel=2)
+    return cls
+
+
+def current_manager() -> NumbaBFCMemoryManager:
+    """The numba_bfc memory manager of Numba's current CUDA context (created if needed).
+
+    Raises
+    ------
+    RuntimeError
+        The current context uses another memory manager.
+    """
+    ctx = cuda.current_context()
+    mgr = ctx.memory_manager
+    if not isinstance(mgr, NumbaBFCMemoryManager):
+        raise RuntimeError(
+            f"numba_bfc: the current CUDA context uses {type(mgr).__name__}, not "
+            "NumbaBFCMemoryManager; call numba_bfc.use_numba_bfc() (or set "
+            "NUMBA_CUDA_MEMORY_MANAGER=numba_bfc) before the first CUDA use")
+    return mgr
+
+
+def current_allocator() -> Any:
+    """The allocator behind Numba's current CUDA context, with pending frees applied.
+
+    Use it for ``get_stats()``, ``memory_map()``, ``render_occupancy()`` and
+    ``regions()``. Raises ``RuntimeError`` if the context is not managed by
+    numba_bfc.
+    """
+    return current_manager().allocator

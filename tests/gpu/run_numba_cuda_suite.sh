@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Run numba-cuda's own allocation-related test modules with numba_bfc as Numba's
+# memory manager (NUMBA_CUDA_MEMORY_MANAGER=numba_bfc), and, as a baseline, with
+# Numba's default manager; record pass/fail per test and list the tests that
+# fail only with numba_bfc.
+#
+# Usage:   tests/gpu/run_numba_cuda_suite.sh [OUTPUT_DIR]
+# Needs:   an NVIDIA GPU, numba-cuda (with its tests, as in the wheel), pytest and
+#          filecheck (numba.cuda.testing imports it: pip install filecheck).
+# Env:     PYTHON (default: python), NUMBA_BFC_EMM_MODULE (default: numba_bfc),
+#          NUMBA_BFC_CONF (passed through: e.g. policy:caching,backend:virtual),
+#          SKIP_BASELINE=1 to run only the numba_bfc configuration.
+# Output:  OUTPUT_DIR/{numba_bfc,default}.xml (JUnit), .log, manager-*.txt,
+#          summary.md. Exit status 0 when no test fails only with numba_bfc.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${1:-$ROOT/numba_cuda_suite_results}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PY=${PYTHON:-python}
+MODULE=${NUMBA_BFC_EMM_MODULE:-numba_bfc}
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+TESTS=(
+  numba.cuda.tests.cudadrv.test_emm_plugins
+  numba.cuda.tests.cudadrv.test_cuda_memory
+  numba.cuda.tests.cudadrv.test_deallocations
+  numba.cuda.tests.cudadrv.test_context_stack
+  numba.cuda.tests.cudadrv.test_managed_alloc
+  numba.cuda.tests.cudadrv.test_host_alloc
+  numba.cuda.tests.cudadrv.test_pinned
+  numba.cuda.tests.cudadrv.test_reset_device
+  numba.cuda.tests.cudadrv.test_cuda_ndarray
+  numba.cuda.tests.cudadrv.test_cuda_array_slicing
+  numba.cuda.tests.cudadrv.test_array_attr
+  numba.cuda.tests.cudapy.test_ipc
+  numba.cuda.tests.cudapy.test_cuda_array_interface
+)
+
+# Fail early, with a reason, rather than with 300 identical errors.
+"$PY" - "$MODULE" <<'EOF'
+import importlib, sys
+mod = sys.argv[1]
+try:
+    cls = importlib.import_module(mod)._numba_memory_manager
+except Exception as e:
+    sys.exit(f"preflight: {mod}._numba_memory_manager is not importable: {e!r}")
+try:
+    import filecheck  # noqa: F401
+except ImportError:
+    sys.exit("preflight: numba.cuda.testing needs the 'filecheck' package (pip install filecheck)")
+from numba import cuda
+if getattr(cuda, "implementation", None) != "NVIDIA":
+    sys.exit("preflight: numba-cuda is not installed (numba.cuda is numba's built-in target)")
+if not cuda.is_available():
+    sys.exit(f"preflight: no usable CUDA GPU: {cuda.cuda_error()}")
+print(f"preflight: {mod} -> {cls.__module__}.{cls.__qualname__}")
+EOF
+
+# numba-cuda's CUDATestCase needs a fixture and an option that live in the
+# repository's conftest, which the wheel does not ship; the tests also need
+# namespace-package collection.
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cat > "$WORK/pytest.ini" <<'EOF'
+[pytest]
+consider_namespace_packages = true
+EOF
+cat > "$WORK/conftest.py" <<'EOF'
+import os
+
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--dump-failed-filechecks", action="store_true")
+
+
+@pytest.fixture(scope="class")
+def initialize_from_pytest_config(request):
+    request.cls._dump_failed_filechecks = request.config.getoption("dump_failed_filechecks")
+
+
+def pytest_sessionfinish(session):
+    # Record which manager the run's contexts really used.
+    try:
+        from numba import cuda
+
+        name = type(cuda.current_context().memory_manager).__name__
+    except Exception as e:
+        name = f"unknown ({type(e).__name__}: {e})"
+    with open(os.environ["SUITE_MANAGER_FILE"], "w") as f:
+        f.write(" ".join(name.split()) + "\n")
+EOF
+
+run() {  # run LABEL MANAGER
+  local label=$1 manager=$2
+  echo "== numba-cuda tests with NUMBA_CUDA_MEMORY_MANAGER=$manager"
+  (cd "$WORK" && NUMBA_CUDA_MEMORY_MANAGER=$manager SUITE_MANAGER_FILE="$OUT/manager-$label.txt" \
+     "$PY" -m pytest -p no:cacheprovider -q -rfE --continue-on-collection-errors --pyargs "${TESTS[@]}" \
+       --junitxml="$OUT/$label.xml" > "$OUT/$label.log" 2>&1) || true
+  tail -n 3 "$OUT/$label.log"
+}
+
+run numba_bfc "$MODULE"
+if [[ "${SKIP_BASELINE:-0}" != 1 ]]; then
+  run default default
+fi
+
+"$PY" - "$OUT" <<'EOF'
+import os, sys
+import xml.etree.ElementTree as ET
+
+out = sys.argv[1]
+
+
+def results(label):
+    path = os.path.join(out, f"{label}.xml")
+    if not os.path.exists(path):
+        return None
+    res = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        kinds = {child.tag for child in case}
+        res[name] = ("failed" if kinds & {"failure", "error"} else
+                     "skipped" if "skipped" in kinds else "passed")
+    return res
+
+
+def counts(res):
+    c = {"passed": 0, "failed": 0, "skipped": 0}
+    for v in res.values():
+        c[v] += 1
+    return c
+
+
+ours, base = results("numba_bfc"), results("default")
+if ours is None:
+    sys.exit("no results: see numba_bfc.log")
+lines = ["# numba-cuda test modules with the numba_bfc memory manager", ""]
+for label in ("numba_bfc", "default"):
+    path = os.path.join(out, f"manager-{label}.txt")
+    if os.path.exists(path):
+        lines.append(f"- {label} run used `{open(path).read().strip()}`")
+lines += ["", "| configuration | passed | failed | skipped |", "|---|---|---|---|"]
+for label, res in (("numba_bfc", ours), ("default", base)):
+    if res is not None:
+        c = counts(res)
+        lines.append(f"| {label} | {c['passed']} | {c['failed']} | {c['skipped']} |")
+only_ours = sorted(t for t, v in ours.items()
+                   if v == "failed" and (base is None or base.get(t) != "failed"))
+both = sorted(t for t, v in ours.items() if v == "failed" and base and base.get(t) == "failed")
+lines += ["", f"## Failing only with numba_bfc ({len(only_ours)})", ""]
+lines += [f"- `{t}`" for t in only_ours] or ["(none)"]
+lines += ["", f"## Failing with both managers ({len(both)})", ""]
+lines += [f"- `{t}`" for t in both] or ["(none)"]
+with open(os.path.join(out, "summary.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+print("\n".join(lines))
+sys.exit(1 if only_ours else 0)
+EOF

@@ -1,0 +1,371 @@
+"""The Numba EMM plugin on a real GPU: data integrity, lifetime, contexts, OOM, IPC.
+
+Every test runs in a fresh CUDA context whose memory manager is numba_bfc
+(``bfc_context`` runs it under each policy and backend). Skipped without an
+NVIDIA GPU, its driver and numba-cuda.
+"""
+
+import gc
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gpu_support import GPU_SKIP, count_driver_calls, default_numba_context, numba_bfc_context
+
+pytestmark = [pytest.mark.cuda, GPU_SKIP]
+
+MiB = 1 << 20
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _kernels():
+    from numba import cuda
+
+    @cuda.jit
+    def fill(arr, seed):
+        i = cuda.grid(1)
+        if i < arr.size:
+            arr[i] = (seed * 2654435761 + i) & 0xFFFFFFFF  # int64 arithmetic, then wrap
+
+    @cuda.jit
+    def scale(arr, factor):
+        i = cuda.grid(1)
+        if i < arr.size:
+            arr[i] *= factor
+
+    return fill, scale
+
+
+def pattern(seed, n):
+    """What ``fill(arr, seed)`` writes into ``n`` elements."""
+    return ((seed * 2654435761 + np.arange(n, dtype=np.int64)) & 0xFFFFFFFF).astype(np.uint32)
+
+
+def launch(kernel, arr, *args):
+    threads = 256
+    kernel[(arr.size + threads - 1) // threads, threads](arr, *args)
+
+
+def span(arr):
+    start = arr.device_ctypes_pointer.value
+    return start, start + arr.nbytes
+
+
+def check_tables(ctx):
+    mgr = ctx.memory_manager
+    if mgr.policy == "bfc":
+        from numba_bfc.invariants import check_invariants
+
+        check_invariants(mgr.allocator)
+
+
+# ---------------------------------------------------------------------- data integrity
+def test_patterns_survive_churn(bfc_context):
+    from numba import cuda
+
+    fill, _ = _kernels()
+    rng = np.random.default_rng(7)
+    live = {}
+    for step in range(800):
+        if live and rng.random() < 0.45:
+            del live[int(rng.choice(list(live)))]
+            continue
+        n = int(rng.choice([rng.integers(1, 1024), rng.integers(1024, 1 << 16),
+                            rng.integers(1 << 16, 1 << 18)]))
+        arr = cuda.device_array(n, dtype=np.uint32)
+        launch(fill, arr, step)
+        live[step] = arr
+    cuda.synchronize()
+    spans = sorted(span(a) for a in live.values())
+    assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:])), "blocks overlap"
+    for seed, arr in live.items():
+        np.testing.assert_array_equal(arr.copy_to_host(), pattern(seed, arr.size))
+    check_tables(bfc_context)
+
+
+def test_slices_keep_their_parent_alive(bfc_context):
+    from numba import cuda
+
+    fill, _ = _kernels()
+    parent = cuda.device_array(1 << 20, dtype=np.uint32)
+    launch(fill, parent, 1)
+    part = parent[1000:3000]
+    del parent
+    gc.collect()
+    others = []
+    for seed in range(2, 40):
+        a = cuda.device_array(1 << 16, dtype=np.uint32)
+        launch(fill, a, seed)
+        others.append(a)
+    np.testing.assert_array_equal(part.copy_to_host(), pattern(1, 1 << 20)[1000:3000])
+    lo, hi = span(part)
+    for a in others:
+        s, e = span(a)
+        assert e <= lo or s >= hi
+
+
+def test_frees_from_other_threads(bfc_context):
+    from numba import cuda
+
+    fill, _ = _kernels()
+    handoff, lock, stop = [], threading.Lock(), threading.Event()
+
+    def dropper():
+        while not stop.is_set() or handoff:
+            with lock:
+                batch = handoff[:]
+                handoff.clear()
+            del batch  # finalizers run in this thread
+
+    workers = [threading.Thread(target=dropper) for _ in range(3)]
+    for t in workers:
+        t.start()
+    keep = []
+    try:
+        for step in range(600):
+            a = cuda.device_array(int(1 + step * 977 % 200000), dtype=np.uint32)
+            launch(fill, a, step)
+            if step % 10 == 0:
+                keep.append((step, a))
+            else:
+                with lock:
+                    handoff.append(a)
+            del a
+    finally:
+        stop.set()
+        for t in workers:
+            t.join()
+    cuda.synchronize()
+    for seed, a in keep:
+        np.testing.assert_array_equal(a.copy_to_host(), pattern(seed, a.size))
+    check_tables(bfc_context)
+
+
+# ---------------------------------------------------------------------- contexts
+def test_close_and_a_new_context(bfc_context):
+    from numba import cuda
+
+    fill, _ = _kernels()
+    old_mgr = bfc_context.memory_manager
+    stale = cuda.device_array(1 << 16, dtype=np.uint32)
+    launch(fill, stale, 3)
+    cls = type(old_mgr)
+    cuda.close()
+    ctx = cuda.current_context()
+    assert type(ctx.memory_manager) is cls and ctx.memory_manager is not old_mgr
+    fresh = cuda.device_array(1 << 16, dtype=np.uint32)
+    launch(fill, fresh, 4)
+    del stale  # its finalizer belongs to the closed context: ignored
+    gc.collect()
+    again = cuda.device_array(1 << 16, dtype=np.uint32)
+    launch(fill, again, 5)
+    np.testing.assert_array_equal(fresh.copy_to_host(), pattern(4, 1 << 16))
+    np.testing.assert_array_equal(again.copy_to_host(), pattern(5, 1 << 16))
+    check_tables(ctx)
+
+
+def test_current_allocator_reports_the_pool(bfc_context):
+    from numba import cuda
+
+    from numba_bfc.integrations.numba_emm import current_allocator
+
+    arrays = [cuda.device_array(MiB, dtype=np.uint8) for _ in range(4)]
+    alloc = current_allocator()
+    assert alloc is bfc_context.memory_manager.allocator
+    stats = alloc.get_stats()
+    assert stats.bytes_in_use >= 4 * MiB
+    assert len(alloc.render_occupancy(80)) == 80
+    del arrays
+    assert current_allocator().get_stats().bytes_in_use == 0
+
+
+# ---------------------------------------------------------------------- memory info, OOM
+def test_get_memory_info_is_device_free_plus_pool_free(bfc_context):
+    from numba import cuda
+    from numba.cuda.cudadrv import driver as drv
+
+    dev_free, dev_total = drv.driver.cuMemGetInfo()
+    info0 = bfc_context.get_memory_info()
+    assert info0.total == dev_total
+    assert abs(info0.free - dev_free) <= 4 * MiB
+    a = cuda.device_array(256 * MiB, dtype=np.uint8)
+    info1 = bfc_context.get_memory_info()
+    assert abs((info0.free - info1.free) - 256 * MiB) <= 4 * MiB
+    del a
+    info2 = bfc_context.get_memory_info()  # the block is back in the pool: free again
+    assert abs(info2.free - info0.free) <= 4 * MiB
+
+
+def test_out_of_memory_and_recovery_near_the_device_limit(bfc_context):
+    from numba import cuda
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    from numba_bfc import OutOfMemoryError
+
+    fill, _ = _kernels()
+    chunk = 1 << 30
+    free0 = bfc_context.get_memory_info().free
+    arrays = []
+    with pytest.raises(CudaAPIError) as info:
+        while True:
+            arrays.append(cuda.device_array(chunk, dtype=np.uint8))
+    assert isinstance(info.value, OutOfMemoryError)
+    assert "OUT_OF_MEMORY" in str(info.value)
+    n = len(arrays)
+    assert n >= free0 // chunk - 2
+    del arrays[::2]  # ceil(n / 2) chunks back in the pool
+    # All but one are taken again; the small array is served from the last one
+    # (the device itself may have less than a new segment left).
+    refill = [cuda.device_array(chunk, dtype=np.uint8) for _ in range(n // 2 - 1)]
+    small = cuda.device_array(1 << 20, dtype=np.uint32)
+    launch(fill, small, 9)
+    np.testing.assert_array_equal(small.copy_to_host(), pattern(9, 1 << 20))
+    del arrays, refill, small
+    bfc_context.memory_manager.release_unused()
+    assert bfc_context.get_memory_info().free >= free0 - 64 * MiB
+
+
+# ---------------------------------------------------------------------- IPC
+_IPC_CHILD = """
+import json, pickle, sys
+import numpy as np
+from numba import cuda
+
+handle = pickle.loads(sys.stdin.buffer.read())
+arr = handle.open()
+host = arr.copy_to_host()
+
+@cuda.jit
+def double(a):
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] *= 2
+
+double[(arr.size + 255) // 256, 256](arr)
+cuda.synchronize()
+handle.close()
+print(json.dumps({"sum": float(host.sum()), "first": float(host[0])}))
+"""
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching"])
+def test_ipc_of_a_pooled_block_into_a_child_process(policy):
+    from numba import cuda
+
+    with numba_bfc_context(policy=policy, backend="plain"):
+        pad = cuda.device_array(1000, dtype=np.uint8)  # so the block sits at an offset
+        data = np.arange(10000, dtype=np.float64)
+        arr = cuda.to_device(data)
+        ipc = arr.get_ipc_handle()
+        assert ipc._ipc_handle.offset > 0
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        out = subprocess.run([sys.executable, "-c", _IPC_CHILD], input=pickle.dumps(ipc),
+                             capture_output=True, check=True, cwd=ROOT, env=env, timeout=300)
+        seen = json.loads(out.stdout.decode().strip().splitlines()[-1])
+        assert seen == {"sum": float(data.sum()), "first": 0.0}
+        np.testing.assert_array_equal(arr.copy_to_host(), 2 * data)
+        del pad
+
+
+def test_ipc_is_refused_for_the_virtual_backend():
+    from numba import cuda
+
+    with numba_bfc_context(policy="bfc", backend="virtual"):
+        arr = cuda.device_array(1000, dtype=np.float64)
+        with pytest.raises(NotImplementedError, match="plain"):
+            arr.get_ipc_handle()
+
+
+# ---------------------------------------------------------------------- virtual backend
+def _fragmenting_sequence():
+    """Fill a 62 MiB pool with 1 MiB arrays (regions of 2, 4, 8, 16, 32 MiB), keep
+    four of them, free the rest, then ask for 40 MiB."""
+    from numba import cuda
+
+    fill, _ = _kernels()
+    blocks = [cuda.device_array(MiB // 4, dtype=np.uint32) for _ in range(62)]
+    keep = {i: blocks[i] for i in (0, 2, 9, 50)}
+    for i, a in keep.items():
+        launch(fill, a, i)
+    del blocks
+    big = cuda.device_array(10 * MiB, dtype=np.uint32)  # 40 MiB
+    launch(fill, big, 99)
+    cuda.synchronize()
+    for i, a in keep.items():
+        np.testing.assert_array_equal(a.copy_to_host(), pattern(i, MiB // 4))
+    np.testing.assert_array_equal(big.copy_to_host(), pattern(99, 10 * MiB))
+    return big
+
+
+def test_virtual_backend_grows_without_fragmentation():
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    with numba_bfc_context(policy="bfc", backend="plain", memory_limit=62 * MiB):
+        with pytest.raises(CudaAPIError) as info:
+            _fragmenting_sequence()
+        assert info.value.reason == "fragmentation"
+    with numba_bfc_context(policy="bfc", backend="virtual", memory_limit=62 * MiB) as ctx:
+        mgr = ctx.memory_manager
+        mgr.initialize()
+        if mgr.backend.granularity != 2 * MiB:
+            pytest.skip(f"the sequence assumes 2 MiB granularity, not {mgr.backend.granularity}")
+        _fragmenting_sequence()
+        (_base, size), = mgr.allocator.regions()  # the five regions coalesced into one
+        assert size == 62 * MiB
+        check_tables(ctx)
+
+
+# ---------------------------------------------------------------------- driver calls
+def _cycles():
+    from numba import cuda
+
+    for _ in range(40):
+        for nbytes in (4 << 10, 64 << 10, MiB, 16 * MiB, 64 * MiB):
+            a = cuda.device_array(nbytes, dtype=np.uint8)
+            del a
+    cuda.synchronize()
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching"])
+def test_ten_times_fewer_driver_calls_than_numbas_manager(policy):
+    with default_numba_context() as ctx:
+        ctx.memory_manager.deallocations.clear()
+        with count_driver_calls() as default_calls:
+            _cycles()
+            ctx.memory_manager.deallocations.clear()
+    with numba_bfc_context(policy=policy, backend="plain"):
+        with count_driver_calls() as ours:
+            _cycles()
+    assert sum(default_calls.values()) >= 10 * sum(ours.values()), (default_calls, ours)
+
+
+# ---------------------------------------------------------------------- CuPy
+def test_cupy_arrays_come_from_the_shared_pool():
+    cupy = pytest.importorskip("cupy")
+    from numba import cuda
+
+    from numba_bfc.integrations.cupy import cupy_allocator
+
+    _, scale = _kernels()
+    with numba_bfc_context(policy="bfc", backend="plain") as ctx:
+        mgr = ctx.memory_manager
+        cupy.cuda.set_allocator(cupy_allocator)
+        try:
+            x = cupy.arange(1 << 20, dtype=cupy.uint32)
+            assert mgr.allocator.allocated_size(int(x.data.ptr)) >= x.nbytes
+            launch(scale, cuda.as_cuda_array(x), 3)  # a Numba kernel on CuPy memory
+            cuda.synchronize()
+            np.testing.assert_array_equal(cupy.asnumpy(x),
+                                          3 * np.arange(1 << 20, dtype=np.uint32))
+            in_use = mgr.allocator.get_stats().bytes_in_use
+            del x
+            assert mgr.allocator.get_stats().bytes_in_use <= in_use - (4 << 20)
+        finally:
+            cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)

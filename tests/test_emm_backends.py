@@ -1,0 +1,298 @@
+"""The CUDA backends' bookkeeping, on CPU, against a fake driver.
+
+``FakeDriver`` implements the driver functions the backends call, with the
+call forms of numba-cuda's ``driver`` wrapper (results returned, failures
+raised as ``CudaAPIError``), over an imaginary device: it checks that memory
+is mapped before access is set, unmapped before release, never double freed,
+and that a context is current. The real driver is exercised by tests/gpu.
+"""
+
+import types
+
+import pytest
+
+# numba's deprecated built-in CUDA target or numba-cuda: either runs these tests.
+cuda = pytest.importorskip("numba.cuda")
+if not hasattr(cuda, "HostOnlyCUDAMemoryManager"):
+    pytest.skip("the CUDA simulator has no EMM interface", allow_module_level=True)
+
+from numba.cuda.cudadrv.driver import CudaAPIError  # noqa: E402
+from sortedcontainers import SortedDict  # noqa: E402
+
+import numba_bfc.backends.cuda as cuda_backends  # noqa: E402
+from numba_bfc.backends.cuda import CudaSubAllocator, CudaVirtualSubAllocator  # noqa: E402
+from numba_bfc.integrations.numba_emm import (  # noqa: E402
+    CudaOutOfMemoryError,
+    NumbaBFCMemoryManager,
+)
+from numba_bfc.invariants import check_invariants  # noqa: E402
+
+MiB = 1 << 20
+OOM = "CUDA_ERROR_OUT_OF_MEMORY"
+CTX = 0x7000
+
+
+class Handle(int):
+    """Driver handles and pointers: int() gives the value, as with cuda.bindings types."""
+
+
+def _binding():
+    ns = types.SimpleNamespace
+    return ns(
+        CUresult=ns(CUDA_ERROR_OUT_OF_MEMORY=OOM),
+        CUdevice_attribute=ns(
+            CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED="vmm"),
+        CUmemAllocationType=ns(CU_MEM_ALLOCATION_TYPE_PINNED="pinned"),
+        CUmemLocationType=ns(CU_MEM_LOCATION_TYPE_DEVICE="device"),
+        CUmemAccess_flags=ns(CU_MEM_ACCESS_FLAGS_PROT_READWRITE="rw"),
+        CUmemAllocationGranularity_flags=ns(CU_MEM_ALLOC_GRANULARITY_RECOMMENDED="rec"),
+        CUmemAllocationProp=lambda: ns(type=None, location=ns(type=None, id=None)),
+        CUmemAccessDesc=lambda: ns(location=ns(type=None, id=None), flags=None),
+    )
+
+
+class FakeDriver:
+    """An imaginary device of ``total`` bytes behind numba-cuda's driver call forms."""
+
+    def __init__(self, total=256 * MiB, granularity=2 * MiB, vmm=True):
+        self.total, self.used, self.granularity, self.vmm = total, 0, granularity, vmm
+        self.current, self.stack, self.calls = Handle(CTX), [], []
+        self.allocs = {}  # cuMemAlloc: ptr -> size
+        self.reserved = {}  # VA ranges: base -> size
+        self.handles = {}  # physical: handle -> size
+        self.mapped = SortedDict()  # addr -> (size, handle)
+        self.accessible = set()
+        self.next_addr, self.next_handle = 1 << 36, 1
+        self.fail_next = None
+
+    def _log(self, name):
+        self.calls.append(name)
+        if self.fail_next == name:
+            self.fail_next = None
+            raise CudaAPIError("CUDA_ERROR_UNKNOWN", f"injected failure in {name}")
+
+    def _need_context(self):
+        assert int(self.current) == CTX, "no current context"
+
+    def _take(self, size):
+        if self.used + size > self.total:
+            raise CudaAPIError(OOM, "out of memory")
+        self.used += size
+
+    def cuCtxGetCurrent(self):
+        return self.current
+
+    def cuCtxPushCurrent(self, handle):
+        self.stack.append(self.current)
+        self.current = handle
+
+    def cuCtxPopCurrent(self):
+        old, self.current = self.current, self.stack.pop()
+        return old
+
+    def cuMemGetInfo(self):
+        self._need_context()
+        return self.total - self.used, self.total
+
+    def cuDeviceGetAttribute(self, attr, dev):
+        assert attr == "vmm" and dev == 0
+        return int(self.vmm)
+
+    def cuMemGetAllocationGranularity(self, prop, flag):
+        assert prop.location.type == "device" and flag == "rec"
+        return self.granularity
+
+    def cuMemAlloc(self, size):
+        self._log("cuMemAlloc")
+        self._need_context()
+        self._take(size)
+        ptr = self.next_addr + 512  # 512-aligned, like the real driver
+        self.next_addr += size + 4 * MiB
+        self.allocs[ptr] = size
+        return Handle(ptr)
+
+    def cuMemFree(self, ptr):
+        self._log("cuMemFree")
+        self._need_context()
+        self.used -= self.allocs.pop(int(ptr))
+
+    def cuMemAddressReserve(self, size, alignment, hint, flags):
+        self._log("cuMemAddressReserve")
+        base = (self.next_addr + alignment - 1) // alignment * alignment
+        self.next_addr = base + size + 4 * MiB
+        self.reserved[base] = size
+        return Handle(base)
+
+    def cuMemAddressFree(self, base, size):
+        self._log("cuMemAddressFree")
+        assert self.reserved.pop(int(base)) == size
+        assert not any(int(base) <= a < int(base) + size for a in self.mapped)
+
+    def cuMemCreate(self, size, prop, flags):
+        self._log("cuMemCreate")
+        self._need_context()
+        assert size % self.granularity == 0 and prop.type == "pinned"
+        self._take(size)
+        h = Handle(self.next_handle)
+        self.next_handle += 1
+        self.handles[h] = size
+        return h
+
+    def cuMemMap(self, addr, size, offset, handle, flags):
+        self._log("cuMemMap")
+        assert handle in self.handles and self.handles[handle] == size
+        assert any(b <= addr and addr + size <= b + s for b, s in self.reserved.items())
+        for a, (n, _h) in self.mapped.items():
+            assert addr + size <= a or addr >= a + n, "mapping overlaps"
+        self.mapped[addr] = (size, handle)
+
+    def cuMemSetAccess(self, addr, size, descs, count):
+        self._log("cuMemSetAccess")
+        assert self.mapped[addr][0] == size and count == len(descs) == 1
+        assert descs[0].flags == "rw"
+        self.accessible.add(addr)
+
+    def cuMemUnmap(self, addr, size):
+        self._log("cuMemUnmap")
+        assert self.mapped.pop(addr)[0] == size
+        self.accessible.discard(addr)
+
+    def cuMemRelease(self, handle):
+        self._log("cuMemRelease")
+        assert not any(h == handle for _n, h in self.mapped.values()), "released while mapped"
+        self.used -= self.handles.pop(handle)
+
+    def cuCtxSynchronize(self):
+        self._log("cuCtxSynchronize")
+
+
+class FakeContext:
+    def __init__(self):
+        self.handle = Handle(CTX)
+        self.device = types.SimpleNamespace(
+            id=0, get_device_identity=lambda: {"pci_bus_id": 7})
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    drv = FakeDriver()
+    drvmod = types.SimpleNamespace(driver=drv, CudaAPIError=CudaAPIError)
+    monkeypatch.setattr(cuda_backends, "cuda_driver", lambda: (drvmod, _binding()))
+    return drv
+
+
+# ---------------------------------------------------------------------- plain
+def test_plain_backend_allocates_frees_and_reports(fake_driver):
+    b = CudaSubAllocator(context=FakeContext())
+    assert b.total_memory() == 256 * MiB and b.memory_info() == (256 * MiB, 256 * MiB)
+    assert (b.supports_coalescing, b.ipc_capable, b.host_accessible) == (False, True, False)
+    p, n = b.alloc(3 * MiB)
+    assert n == 3 * MiB and p in fake_driver.allocs
+    assert p % 512 == 0 and fake_driver.calls == ["cuMemAlloc"]  # no padding needed
+    q, _ = b.alloc(MiB, alignment=4096)  # the address falls short: freed, then padded
+    assert fake_driver.calls[1:] == ["cuMemAlloc", "cuMemFree", "cuMemAlloc"]
+    assert q % 4096 == 0 and fake_driver.allocs[max(a for a in fake_driver.allocs)] == MiB + 4096
+    assert b.memory_info()[0] == 256 * MiB - 4 * MiB - 4096
+    b.free(q, MiB)
+    with pytest.raises(ValueError):
+        b.free(p, MiB)  # wrong size
+    assert b.regions() == [(p, 3 * MiB)]
+    b.close()
+    assert fake_driver.allocs == {} and fake_driver.used == 0
+    assert b.driver_calls == 6
+
+
+def test_plain_backend_out_of_memory_returns_none(fake_driver):
+    b = CudaSubAllocator(context=FakeContext())
+    assert b.alloc(512 * MiB) is None
+    assert b.num_failed_allocs == 1
+    fake_driver.fail_next = "cuMemAlloc"
+    with pytest.raises(CudaAPIError, match="injected"):
+        b.alloc(MiB)  # other driver errors propagate
+
+
+def test_calls_made_without_a_current_context_push_it(fake_driver):
+    b = CudaSubAllocator(context=FakeContext())
+    p, n = b.alloc(MiB)
+    fake_driver.current = Handle(0)  # e.g. Numba's device reset popped every context
+    b.free(p, n)
+    assert int(fake_driver.current) == 0 and fake_driver.stack == []
+
+
+# ---------------------------------------------------------------------- virtual
+def test_virtual_backend_maps_adjacent_regions_and_unmaps_unions(fake_driver):
+    b = CudaVirtualSubAllocator(context=FakeContext())
+    assert b.supports_coalescing and not b.ipc_capable
+    assert b.granularity == 2 * MiB and b.va_size == 256 * MiB
+    p1, n1 = b.alloc(MiB)
+    p2, n2 = b.alloc(3 * MiB)
+    p3, n3 = b.alloc(2 * MiB)
+    assert (n1, n2, n3) == (2 * MiB, 4 * MiB, 2 * MiB)
+    assert p1 == b.va_base and p2 == p1 + n1 and p3 == p2 + n2
+    assert fake_driver.accessible == {p1, p2, p3}
+    b.free(p1, n1 + n2)  # a coalescing allocator frees merged regions at once
+    assert b.regions() == [(p3, n3)]
+    assert fake_driver.calls[-5:] == ["cuCtxSynchronize", "cuMemUnmap", "cuMemRelease",
+                                      "cuMemUnmap", "cuMemRelease"]
+    # The hole at the bottom of the range is reused first.
+    p4, n4 = b.alloc(6 * MiB)
+    assert (p4, n4) == (b.va_base, 6 * MiB)
+    with pytest.raises(ValueError):
+        b.free(p3, 2 * n3)
+    b.close()
+    assert fake_driver.mapped == {} and fake_driver.reserved == {} and fake_driver.used == 0
+    b.close()  # idempotent
+
+
+def test_virtual_backend_limits_and_failures(fake_driver):
+    b = CudaVirtualSubAllocator(context=FakeContext(), va_size=8 * MiB)
+    assert b.alloc(10 * MiB) is None  # beyond the reserved range
+    fake_driver.total = 4 * MiB
+    assert b.alloc(6 * MiB) is None  # cuMemCreate out of memory
+    fake_driver.fail_next = "cuMemSetAccess"
+    with pytest.raises(CudaAPIError):
+        b.alloc(2 * MiB)
+    # The failed extension was rolled back: nothing mapped, nothing held.
+    assert fake_driver.mapped == {} and fake_driver.handles == {} and fake_driver.used == 0
+    b.close()
+
+
+def test_virtual_backend_needs_vmm_support(fake_driver):
+    fake_driver.vmm = False
+    with pytest.raises(cuda_backends.CudaUnavailableError, match="virtual memory"):
+        CudaVirtualSubAllocator(context=FakeContext())
+
+
+# ---------------------------------------------------------------------- the plugin over them
+@pytest.mark.parametrize("backend", ["plain", "virtual"])
+def test_plugin_over_cuda_backends(fake_driver, backend):
+    mgr = NumbaBFCMemoryManager(context=FakeContext(), backend=backend)
+    mgr.initialize()
+    assert mgr.get_memory_info() == (256 * MiB, 256 * MiB)
+    blocks = [mgr.memalloc(n) for n in (100, 5 * MiB, 70 * MiB, 3000)]
+    info = mgr.get_memory_info()
+    assert info.free == 256 * MiB - mgr.allocator.get_stats().bytes_in_use
+    del blocks[1]
+    with pytest.raises(CudaOutOfMemoryError):
+        mgr.memalloc(300 * MiB)
+    check_invariants(mgr.allocator)
+    mgr.reset()
+    # Everything went back to the driver, the virtual range included.
+    assert fake_driver.used == 0 and fake_driver.allocs == {} and fake_driver.reserved == {}
+    again = mgr.memalloc(MiB)  # a new backend after the reset
+    assert mgr.backend is not None and int(again.device_pointer_value) != 0
+    mgr.reset()
+    assert fake_driver.used == 0
+
+
+def test_plugin_grows_to_the_device_limit_then_recovers(fake_driver):
+    mgr = NumbaBFCMemoryManager(context=FakeContext(), backend="plain")
+    held = []
+    with pytest.raises(CudaOutOfMemoryError) as info:
+        while True:
+            held.append(mgr.memalloc(16 * MiB))
+    assert info.value.reason in ("backend", "fragmentation", "exhausted")
+    assert len(held) >= 15  # 256 MiB device, regions backed off to fit
+    del held[::2]
+    held += [mgr.memalloc(16 * MiB) for _ in range(len(held))]
+    check_invariants(mgr.allocator)
