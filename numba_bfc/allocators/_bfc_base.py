@@ -15,12 +15,13 @@ import threading
 
 import numpy as np
 
-from ..errors import InvalidPointerError, OutOfMemoryError
-from ..framework.allocator import AllocationAttributes, Allocator
+from ..errors import OutOfMemoryError
+from ..framework.allocator import AllocationAttributes
 from ..stats import AllocatorStats
 from . import _report
 from ._options import resolve_bfc_options
-from ._validate import check_alignment, check_count, check_pointer, check_size
+from ._pooled import PooledAllocator
+from ._validate import check_alignment, check_count, check_free_pointer, check_size
 
 _log = logging.getLogger("numba_bfc")
 
@@ -58,7 +59,7 @@ class SharedCounter:
         return self._last
 
 
-class BFCBase(Allocator):
+class BFCBase(PooledAllocator):
     """TF BFC semantics over an abstract chunk store (see module docstring)."""
 
     def __init__(
@@ -106,25 +107,6 @@ class BFCBase(Allocator):
         self._backend_refused = False
 
     # ------------------------------------------------------------------ public API
-    @property
-    def name(self) -> str:
-        """The allocator's name."""
-        return self._name
-
-    @property
-    def backend(self):
-        """The sub-allocator regions come from."""
-        return self._backend
-
-    @property
-    def host_accessible(self) -> bool:
-        """True when the backend hands out real host memory (``empty()`` works)."""
-        return bool(self._backend.host_accessible)
-
-    def tracks_allocation_sizes(self) -> bool:
-        """Always True: requested and allocated sizes are known for every pointer."""
-        return True
-
     def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION,
                      attributes: AllocationAttributes | None = None, *,
                      freed_before: int = 0) -> int:
@@ -173,10 +155,8 @@ class BFCBase(Allocator):
         InvalidPointerError
             Double free, interior pointer or unknown pointer; state unchanged.
         """
-        if ptr is None:
-            return
-        p = check_pointer(ptr)
-        if p == 0:
+        p = check_free_pointer(ptr)
+        if not p:
             return
         with self._lock:
             if self._timing_counter is not None:
@@ -186,18 +166,6 @@ class BFCBase(Allocator):
                 self._deallocate_chunk(p, max(count, 1))
             elif not self._deallocate_chunk(p, 0):
                 raise self._invalid_pointer(p)
-
-    def requested_size(self, ptr: int) -> int:
-        """Bytes the client asked for at ``ptr``."""
-        return self._live(ptr)[0]
-
-    def allocated_size(self, ptr: int) -> int:
-        """Bytes of the chunk serving ``ptr`` (after rounding and any unsplit waste)."""
-        return self._live(ptr)[1]
-
-    def allocation_id(self, ptr: int) -> int:
-        """The unique id (> 0) of the live allocation at ``ptr``."""
-        return self._live(ptr)[2]
 
     def get_stats(self) -> AllocatorStats:
         """Current counters (see ``AllocatorStats``)."""
@@ -386,17 +354,6 @@ class BFCBase(Allocator):
             occupancy=_report.render_occupancy(records, self._region_list()),
             reason=reason,
         )
-
-    def _invalid_pointer(self, p: int) -> InvalidPointerError:
-        return _report.invalid_pointer_error(self._name, self._records(), p)
-
-    def _live(self, ptr) -> tuple[int, int, int]:
-        p = check_pointer(ptr)
-        with self._lock:
-            info = self._lookup(p) if p else None
-            if info is None:
-                raise self._invalid_pointer(p)
-            return info
 
     # ------------------------------------------------------------------ chunk store
     # Subclasses implement these; all are called with the lock held.

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from ..errors import OutOfMemoryError
-from ..framework.allocator import AllocationAttributes, Allocator
+from ..framework.allocator import AllocationAttributes
 from ..policies.caching import (
     LARGE_BUFFER,
     LARGE_POOL,
@@ -38,7 +38,8 @@ from ..policies.caching import (
 from ..stats import AllocatorStats, format_bytes
 from . import _report
 from ._options import UNLIMITED, resolve_caching_options
-from ._validate import check_alignment, check_pointer, check_size
+from ._pooled import PooledAllocator
+from ._validate import check_alignment, check_free_pointer, check_size
 
 ONE_EIB = 1 << 60  # PyTorch rejects requests of 1 EiB or more up front
 POOL_NAMES = ("small", "large")
@@ -61,7 +62,7 @@ def allocation_size(size: int) -> int:
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
-class CachingBase(Allocator):
+class CachingBase(PooledAllocator):
     """PyTorch caching-allocator semantics over an abstract block store."""
 
     def __init__(self, backend, memory_limit=None, max_split_size=None,
@@ -88,25 +89,6 @@ class CachingBase(Allocator):
         self._history: collections.deque | None = None
 
     # ------------------------------------------------------------------ Allocator API
-    @property
-    def name(self) -> str:
-        """The allocator's name."""
-        return self._name
-
-    @property
-    def backend(self):
-        """The sub-allocator segments come from."""
-        return self._backend
-
-    @property
-    def host_accessible(self) -> bool:
-        """True when the backend hands out real host memory (``empty()`` works)."""
-        return bool(self._backend.host_accessible)
-
-    def tracks_allocation_sizes(self) -> bool:
-        """Always True."""
-        return True
-
     def allocate_raw(self, num_bytes: int, alignment: int = MIN_BLOCK_SIZE,
                      attributes: AllocationAttributes | None = None) -> int:
         """Allocate ``num_bytes`` and return the address (0 for 0 bytes).
@@ -142,25 +124,11 @@ class CachingBase(Allocator):
         InvalidPointerError
             Double free, interior pointer or unknown pointer; state unchanged.
         """
-        if ptr is None:
-            return
-        p = check_pointer(ptr)
-        if p == 0:
+        p = check_free_pointer(ptr)
+        if not p:
             return
         with self._lock:
             self._free(p)
-
-    def requested_size(self, ptr: int) -> int:
-        """Bytes the client asked for at ``ptr``."""
-        return self._live(ptr)[0]
-
-    def allocated_size(self, ptr: int) -> int:
-        """Bytes of the block serving ``ptr`` (rounded, plus any unsplit remainder)."""
-        return self._live(ptr)[1]
-
-    def allocation_id(self, ptr: int) -> int:
-        """The unique id (> 0) of the live allocation at ``ptr``."""
-        return self._live(ptr)[2]
 
     def get_stats(self) -> AllocatorStats:
         """TF-style counters: ``num_allocs`` is ``allocation.all.allocated``,
@@ -471,7 +439,7 @@ class CachingBase(Allocator):
         # Trace entries carry the requested size, as PyTorch's do.
         info = self._lookup(p) if self._history is not None else None
         if self._free_block(p) is None:
-            raise _report.invalid_pointer_error(self._name, self._records(), p)
+            raise self._invalid_pointer(p)
         if info is not None:
             self._trace("free_requested", p, info[0])
             self._trace("free_completed", p, info[0])
@@ -584,14 +552,6 @@ class CachingBase(Allocator):
 
     def _region_list(self) -> list[tuple[int, int]]:
         return [(b, s) for b, s, _ in self._segment_list()]
-
-    def _live(self, ptr) -> tuple[int, int, int]:
-        p = check_pointer(ptr)
-        with self._lock:
-            info = self._lookup(p) if p else None
-            if info is None:
-                raise _report.invalid_pointer_error(self._name, self._records(), p)
-            return info
 
     # ------------------------------------------------------------------ block store
     # Subclasses implement these; all are called with the lock held.

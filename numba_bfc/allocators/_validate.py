@@ -43,6 +43,11 @@ def check_pointer(ptr) -> int:
     return p
 
 
+def check_free_pointer(ptr) -> int:
+    """``check_pointer`` for ``deallocate_raw``, where None means 0 (nothing to free)."""
+    return 0 if ptr is None else check_pointer(ptr)
+
+
 def check_count(value, what: str) -> int:
     """A non-negative integer counter value (timing counts, frontiers)."""
     v = _as_int(value, what)

@@ -13,7 +13,7 @@ from .._config import parse_size
 from ..errors import InvalidPointerError, OutOfMemoryError
 from ..framework.allocator import AllocationAttributes, Allocator
 from ..stats import AllocatorStats, format_bytes
-from ._validate import check_alignment, check_pointer, check_size
+from ._validate import check_alignment, check_free_pointer, check_pointer, check_size
 
 __all__ = ["HostAllocator"]
 
@@ -92,10 +92,8 @@ class HostAllocator(Allocator):
             return ptr
 
     def deallocate_raw(self, ptr: int | None) -> None:
-        if ptr is None:
-            return
-        p = check_pointer(ptr)
-        if p == 0:
+        p = check_free_pointer(ptr)
+        if not p:
             return
         with self._lock:
             block = self._blocks.pop(p, None)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..allocators._validate import check_alignment, check_pointer, check_size
+from ..allocators._validate import check_alignment, check_free_pointer, check_size
 from ..stats import AllocatorStats
 from .allocator import AllocationAttributes, Allocator
 
@@ -137,10 +137,8 @@ class BookkeepingWrapper(AllocatorWrapper):
         return p
 
     def deallocate_raw(self, ptr: int | None) -> None:
-        if ptr is None:
-            return
-        p = check_pointer(ptr)
-        if p == 0:
+        p = check_free_pointer(ptr)
+        if not p:
             return
         with self._lock:
             self._inner.deallocate_raw(p)  # raises for a bad pointer: nothing recorded

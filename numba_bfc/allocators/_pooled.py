@@ -1,0 +1,59 @@
+"""What every pooling allocator's façade shares, whatever its policy.
+
+A backend, a name, one reentrant lock, and size queries answered from the
+policy's ``_lookup``; bad pointers are explained from its ``_records``.
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidPointerError
+from ..framework.allocator import Allocator
+from . import _report
+from ._validate import check_pointer
+
+
+class PooledAllocator(Allocator):
+    """Base of ``BFCBase`` and ``CachingBase``; subclasses set ``_name``,
+    ``_backend`` and ``_lock`` and implement ``_lookup`` and ``_records``."""
+
+    @property
+    def name(self) -> str:
+        """The allocator's name."""
+        return self._name
+
+    @property
+    def backend(self):
+        """The sub-allocator the pool's memory comes from."""
+        return self._backend
+
+    @property
+    def host_accessible(self) -> bool:
+        """True when the backend hands out real host memory (``empty()`` works)."""
+        return bool(self._backend.host_accessible)
+
+    def tracks_allocation_sizes(self) -> bool:
+        """Always True: requested and allocated sizes are known for every pointer."""
+        return True
+
+    def requested_size(self, ptr: int) -> int:
+        """Bytes the client asked for at ``ptr``."""
+        return self._live(ptr)[0]
+
+    def allocated_size(self, ptr: int) -> int:
+        """Bytes of the chunk serving ``ptr`` (after rounding and any unsplit remainder)."""
+        return self._live(ptr)[1]
+
+    def allocation_id(self, ptr: int) -> int:
+        """The unique id (> 0) of the live allocation at ``ptr``."""
+        return self._live(ptr)[2]
+
+    def _invalid_pointer(self, p: int) -> InvalidPointerError:
+        return _report.invalid_pointer_error(self._name, self._records(), p)
+
+    def _live(self, ptr) -> tuple[int, int, int]:
+        p = check_pointer(ptr)
+        with self._lock:
+            info = self._lookup(p) if p else None
+            if info is None:
+                raise self._invalid_pointer(p)
+            return info
