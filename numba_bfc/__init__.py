@@ -2,9 +2,9 @@
 
 TensorFlow's BFC allocator and PyTorch's caching-allocator policy as ``@njit``
 kernels over structured NumPy tables, TensorFlow's allocator framework with
-RMM-style adaptors, simulated, host and CUDA backends, and TFLite's offline
-planner. Importing compiles nothing: kernels are compiled (or loaded from
-Numba's cache) on first use.
+RMM-style adaptors, simulated, host and CUDA backends, TFLite's offline
+planner, and allocation traces replayed through any policy. Importing compiles
+nothing: kernels are compiled (or loaded from Numba's cache) on first use.
 """
 
 from .adaptors import LimitingAllocator, LoggingAllocator, RetryingAllocator, StatisticsAllocator
@@ -24,7 +24,7 @@ from .framework import (
     register_allocator,
 )
 from .stats import AllocatorStats
-from .traces import RmmLogEvent, read_rmm_log
+from .traces import ReplayResult, RmmLogEvent, Trace, TraceError, read_rmm_log, replay
 
 __version__ = "0.1.0"
 
@@ -44,14 +44,18 @@ __all__ = [
     "LimitingAllocator",
     "LoggingAllocator",
     "OutOfMemoryError",
+    "ReplayResult",
     "RetryingAllocator",
     "RmmLogEvent",
     "SharedCounter",
     "StatisticsAllocator",
+    "Trace",
+    "TraceError",
     "TrackingAllocator",
     "global_registry",
     "read_rmm_log",
     "register_allocator",
+    "replay",
     "__version__",
 ]
 

@@ -1,23 +1,30 @@
-"""Command line: ``python -m numba_bfc demo`` and ``python -m numba_bfc plan FILE``."""
+"""Command line: ``numba-bfc demo``, ``numba-bfc replay FILE...``, ``numba-bfc plan FILE``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+_SUBCOMMANDS = {
+    "plan": ("numba_bfc.planning.cli", "plan tensor offsets offline (see 'plan --help')"),
+    "replay": ("numba_bfc.traces.cli", "replay traces through policies (see 'replay --help')"),
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "plan":
-        from .planning.cli import main as plan_main
+    if argv and argv[0] in _SUBCOMMANDS:
+        import importlib
 
-        return plan_main(argv[1:])
+        return importlib.import_module(_SUBCOMMANDS[argv[0]][0]).main(argv[1:])
     parser = argparse.ArgumentParser(prog="numba-bfc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the BFC allocator on a random workload")
-    demo.add_argument("--ops", type=int, default=20000, help="number of operations")
+    demo = sub.add_parser("demo", help="the main demo: GPU kernels on the pool when there is a "
+                                       "GPU, bundled traces through both policies, a BFC workload")
+    demo.add_argument("--ops", type=int, default=20000, help="operations of the random workload")
     demo.add_argument("--seed", type=int, default=0)
-    sub.add_parser("plan", help="plan tensor offsets offline (see 'plan --help')")
+    for name, (_, help_text) in _SUBCOMMANDS.items():
+        sub.add_parser(name, help=help_text)
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run

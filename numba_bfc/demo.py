@@ -67,12 +67,94 @@ def training_workload(allocator, steps: int = 20, layers=_MNIST_LAYERS,
     return requests
 
 
+def _gpu_part() -> None:
+    """Numba kernels on a numba_bfc pool: arrays, a kernel, the pool's stats."""
+    import numpy as np
+    from numba import cuda
+
+    from .integrations.numba_emm import current_allocator, use_numba_bfc
+
+    use_numba_bfc(policy="bfc", backend="virtual")
+    cuda.close()  # contexts created from now on use the plugin
+
+    @cuda.jit
+    def axpy(out, a, x, y):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = a * x[i] + y[i]
+
+    n = 1 << 22
+    t0 = time.perf_counter()
+    x = cuda.to_device(np.arange(n, dtype=np.float32))
+    y = cuda.to_device(np.ones(n, dtype=np.float32))
+    out = cuda.device_array_like(x)
+    for _ in range(10):
+        tmp = cuda.device_array(n // 2, dtype=np.float32)  # churn: freed at once
+        del tmp
+    axpy[(n + 255) // 256, 256](out, np.float32(2.0), x, y)
+    result = out.copy_to_host()
+    elapsed = time.perf_counter() - t0
+    ok = bool(np.array_equal(result, 2.0 * np.arange(n, dtype=np.float32) + 1.0))
+    alloc = current_allocator()
+    print(f"axpy on {n} floats through the pool: {'correct' if ok else 'WRONG'} "
+          f"({elapsed * 1e3:.0f} ms incl. compile)")
+    print(alloc.get_stats().debug_string())
+    print(alloc.render_occupancy(80))
+    if not ok:
+        raise RuntimeError("the kernel's result is wrong")
+
+
+def _replay_part() -> None:
+    """Bundled real traces through both policies: the comparison and the occupancy."""
+    from .traces import replay
+    from .traces.cli import format_table
+    from .traces.data import bundled_names, load_bundled
+
+    traces = [load_bundled(n) for n in bundled_names()]
+    if not traces:  # a source checkout without the data files
+        from .traces.synthetic import steady_state
+
+        traces = [steady_state()]
+    results = [replay(t, p, offline=True) for t in traces for p in ("bfc", "caching")]
+    print(format_table(results))
+    trace = traces[0]
+    peak = int(trace.live_bytes().argmax())
+    from .traces import Trace, make_allocator
+
+    at_peak = Trace(trace.events[: peak + 1], trace.name)
+    for policy in ("bfc", "caching"):
+        alloc = make_allocator(policy)
+        replay(at_peak, alloc)
+        print(f"\n{trace.name} / {policy} at the trace's peak (event {peak}): "
+              f"{format_bytes(alloc.get_stats().bytes_in_use)} in use of "
+              f"{format_bytes(alloc.get_stats().bytes_reserved)} reserved")
+        print(alloc.render_occupancy(80))
+
+
 def run(num_ops: int = 20000, seed: int = 0, memory_limit: int = 256 << 20) -> int:
+    """The README's main job: Numba kernels on the pool when there is a GPU;
+    bundled real traces through both policies; a random BFC workload."""
+    print("numba_bfc demo: TensorFlow's BFC and PyTorch's caching policy as Numba kernels")
+    status = 0
+    if _gpu_available():
+        print("\n== GPU: Numba arrays and kernels on a numba_bfc pool ==")
+        try:
+            _gpu_part()
+        except Exception as e:  # report it, and still show the CPU part
+            print(f"GPU part failed: {type(e).__name__}: {e}")
+            status = 1
+    else:
+        print("\nNo GPU: skipping the Numba-kernels part; everything below runs on the CPU "
+              "(simulated address space).")
+    print("\n== Real PyTorch traces replayed through both policies ==")
+    _replay_part()
+    print("\n== A random workload on a BFC allocator ==")
+    _random_part(num_ops, seed, memory_limit)
+    return status
+
+
+def _random_part(num_ops: int, seed: int, memory_limit: int) -> None:
     """Drive a BFC allocator on the simulated backend and print what it did."""
-    print("numba_bfc demo: TensorFlow's BFC allocator as Numba kernels")
-    gpu = _gpu_available()
-    print("GPU: " + ("available (CUDA backends are not built yet; using the simulated space)"
-                     if gpu else "none; simulated address space"))
     alloc = BFCAllocator(VirtualSubAllocator(), memory_limit=memory_limit, name="demo")
     rng = random.Random(seed)
     live: list[int] = []
@@ -104,4 +186,3 @@ def run(num_ops: int = 20000, seed: int = 0, memory_limit: int = 256 << 20) -> i
     except OutOfMemoryError as e:
         print(f"asking for the whole limit: OutOfMemoryError ({e.reason}); "
               f"largest free block {format_bytes(e.stats.largest_free_block_bytes)}")
-    return 0

@@ -9,7 +9,6 @@ import pytest
 
 from numba_bfc.traces import (
     ACTIONS,
-    EVENT_DTYPE,
     HEADER,
     RmmLogEvent,
     RmmLogWriter,
@@ -18,6 +17,7 @@ from numba_bfc.traces import (
     read_rmm_log,
     write_rmm_log,
 )
+from numba_bfc.traces import RMM_EVENT_DTYPE as EVENT_DTYPE
 
 # As RMM 25+ writes it: spdlog "%t,%H:%M:%S.%f,%v", printf %p ("(nil)" for null),
 # the stream through std::hex (libstdc++ prints a null handle as "0").

@@ -381,6 +381,11 @@ class BFCBase(PooledAllocator):
     def _remove_region(self, key) -> None:
         raise NotImplementedError
 
+    def _usage(self) -> tuple[int, int]:
+        """(bytes in use, bytes reserved), cheaply: what a replay samples per event."""
+        c = self._counters()
+        return c["bytes_in_use"], c["pool_bytes"]
+
     def _counters(self) -> dict:
         raise NotImplementedError
 

@@ -492,6 +492,11 @@ class CachingBase(PooledAllocator):
         self._history.append({"action": action, "addr": int(addr), "size": int(size),
                               "stream": 0, "time_us": time.time_ns() // 1000, "frames": []})
 
+    def _usage(self) -> tuple[int, int]:
+        """(allocated bytes, reserved bytes), cheaply: what a replay samples per event."""
+        st = self._stat_array()
+        return int(st[1, 0, 0]), int(st[3, 0, 0])
+
     def _allocator_stats(self) -> AllocatorStats:
         st = self._stat_array()
         largest = self._largest_free()

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InvalidPointerError
+from ..errors import InvalidPointerError, OutOfMemoryError
 from ..kernels import layout as L
 from ..kernels.ptrmap import map_lookup, map_rehash
+from ..policies.batch import FAILED, sample_usage
 from ..policies.batch import run_batch as _run_batch_kernel
 from . import _report
 from ._validate import check_alignment
 
 ALLOCATE = 0
 FREE = 1
+_NO_SERIES = np.zeros((0, 2), dtype=np.int64)
 
 
 class TableStore:
@@ -28,6 +30,7 @@ class TableStore:
     caller holds ``self._lock`` for every method but ``run_batch``."""
 
     _POLICY: int
+    _IN_USE_SLOT: int  # the state slot counting bytes in use (policy's definition)
 
     def _grow_tables(self) -> None:
         st = self._state
@@ -132,23 +135,42 @@ class TableStore:
                 raise self._request_too_large(int(sizes[i]), alignment)
         id_ptr = np.full(int(ids.max()) + 1 if ids.size else 1, -1, dtype=np.int64)
         out = np.zeros(ops.shape[0], dtype=np.int64)
-        i = 0
         with self._lock:
             self._before_batch()
-            while True:
-                i, code = _run_batch_kernel(self._POLICY, self._chunks, self._bins,
-                                            self._regions, self._pmap, self._state, ops, ids,
-                                            sizes, alignment, id_ptr, out, i)
-                if code == 0:
-                    return out
-                if code == L.NEED_ROWS:
-                    self._grow_tables()
-                elif code == L.NOT_FOUND:
-                    p = self._serve_not_found(int(sizes[i]), alignment)
-                    id_ptr[ids[i]] = p
-                    out[i] = p
-                    i += 1
-                else:
-                    raise InvalidPointerError(
-                        f"{self._name}: batch operation {i} frees id {int(ids[i])}, which is "
-                        "not live in this batch", ptr=0, kind="unknown")
+            self._drive_batch(ops, ids, sizes, alignment, id_ptr, out, 0, ops.shape[0])
+        return out
+
+    def _drive_batch(self, ops, ids, sizes, alignment, id_ptr, out, start, stop,
+                     series=_NO_SERIES, stride=0, on_oom=None) -> None:
+        """Run operations ``start..stop-1`` in the batch kernel, serving what it
+        cannot alone (growing tables, extending the pool). An allocation that
+        fails raises ``OutOfMemoryError``, or with ``on_oom`` is reported to
+        ``on_oom(index, error)`` and skipped (its id marked ``FAILED``).
+        The caller holds the lock."""
+        i = start
+        in_use = self._IN_USE_SLOT
+        while True:
+            i, code = _run_batch_kernel(self._POLICY, self._chunks, self._bins, self._regions,
+                                        self._pmap, self._state, ops, ids, sizes, alignment,
+                                        id_ptr, out, i, stop, series, stride, in_use)
+            if code == 0:
+                return
+            if code == L.NEED_ROWS:
+                self._grow_tables()
+                continue
+            if code != L.NOT_FOUND:
+                raise InvalidPointerError(
+                    f"{self._name}: batch operation {i} frees id {int(ids[i])}, which is "
+                    "not live in this batch", ptr=0, kind="unknown")
+            try:
+                p = self._serve_not_found(int(sizes[i]), alignment)
+            except OutOfMemoryError as e:
+                if on_oom is None:
+                    raise
+                on_oom(i, e)
+                p = FAILED
+            id_ptr[ids[i]] = p
+            out[i] = max(p, 0)
+            if stride > 0:
+                sample_usage(series, stride, i, self._state, in_use)
+            i += 1

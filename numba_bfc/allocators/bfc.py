@@ -102,6 +102,7 @@ class BFCAllocator(TableStore, BFCBase):
 
     # ------------------------------------------------------------------ chunk store
     _POLICY = BFC_POLICY
+    _IN_USE_SLOT = L.S_BYTES_IN_USE
 
     def _batch_alignment(self, alignment: int) -> int:
         return alignment

@@ -64,6 +64,7 @@ class CachingAllocator(TableStore, CachingBase):
     """
 
     _POLICY = CACHING_POLICY
+    _IN_USE_SLOT = C.C_STATS + C.ALLOCATED_BYTES * 12  # allocated_bytes.all.current
 
     def __init__(self, backend, memory_limit=None, max_split_size=None,
                  roundup_power2_divisions=None, garbage_collection_threshold=None,

@@ -4,19 +4,35 @@ from __future__ import annotations
 
 from numba import njit
 
-from ..kernels.layout import INVALID_POINTER
+from ..kernels.layout import INVALID_POINTER, S_POOL_BYTES
 from .bfc import bfc_allocate, bfc_deallocate
 from .caching import caching_allocate, caching_deallocate
 
 BFC_POLICY = 0
 CACHING_POLICY = 1
 
+#: ``id_ptr`` value of an allocation the façade could not serve (a replay goes
+#: on past it); its free is skipped.
+FAILED = -2
+
+
+@njit(cache=True, inline="always")
+def sample_usage(series, stride, i, state, in_use_slot):
+    """Keep the most in-use and reserved bytes of event ``i``'s bucket."""
+    b = i // stride
+    u = state[in_use_slot]
+    r = state[S_POOL_BYTES]
+    if u > series[b, 0]:
+        series[b, 0] = u
+    if r > series[b, 1]:
+        series[b, 1] = r
+
 
 @njit(cache=True)
 def run_batch(policy, chunks, bins, regions, pmap, state, ops, ids, sizes, alignment,
-              id_ptr, out, start):
-    """Run operations ``start..`` of a batch under ``policy`` (``BFC_POLICY`` or
-    ``CACHING_POLICY``).
+              id_ptr, out, start, stop, series, stride, in_use_slot):
+    """Run operations ``start..stop-1`` of a batch under ``policy`` (``BFC_POLICY``
+    or ``CACHING_POLICY``).
 
     ``ops[i]`` is 0 (allocate ``sizes[i]`` bytes for id ``ids[i]``) or 1 (free
     id ``ids[i]``); ``id_ptr`` maps ids to live addresses (-1: not live, 0: a
@@ -24,36 +40,36 @@ def run_batch(policy, chunks, bins, regions, pmap, state, ops, ids, sizes, align
     got. Stops at the first operation the kernel cannot finish alone and
     returns ``(index, code)``: ``NEED_ROWS`` or ``NOT_FOUND`` (the façade grows
     or extends and resumes at ``index``), or ``INVALID_POINTER``. Returns
-    ``(len(ops), 0)`` when done.
+    ``(stop, 0)`` when done. A free of an id whose ``id_ptr`` is ``FAILED``
+    is skipped. With ``stride > 0``, row ``i // stride`` of ``series`` keeps
+    the most bytes in use (``state[in_use_slot]``) and reserved after any
+    operation ``i`` of its bucket.
     """
-    n = ops.shape[0]
-    for i in range(start, n):
+    for i in range(start, stop):
         if ops[i] == 0:
-            if sizes[i] == 0:
-                id_ptr[ids[i]] = 0
-                out[i] = 0
-                continue
-            if policy == BFC_POLICY:
-                p = bfc_allocate(chunks, bins, regions, pmap, state, sizes[i], alignment, 0)
-            else:
-                p = caching_allocate(chunks, bins, regions, pmap, state, sizes[i])
-            if p < 0:
-                return i, p
+            p = 0
+            if sizes[i] != 0:
+                if policy == BFC_POLICY:
+                    p = bfc_allocate(chunks, bins, regions, pmap, state, sizes[i], alignment, 0)
+                else:
+                    p = caching_allocate(chunks, bins, regions, pmap, state, sizes[i])
+                if p < 0:
+                    return i, p
             id_ptr[ids[i]] = p
             out[i] = p
         else:
             p = id_ptr[ids[i]]
             out[i] = 0
-            if p < 0:
+            if p < 0 and p != FAILED:
                 return i, INVALID_POINTER
-            if p == 0:
-                id_ptr[ids[i]] = -1
-                continue
-            if policy == BFC_POLICY:
-                r = bfc_deallocate(chunks, bins, regions, pmap, state, p)
-            else:
-                r = caching_deallocate(chunks, bins, regions, pmap, state, p)
-            if r < 0:
-                return i, r
+            if p > 0:
+                if policy == BFC_POLICY:
+                    r = bfc_deallocate(chunks, bins, regions, pmap, state, p)
+                else:
+                    r = caching_deallocate(chunks, bins, regions, pmap, state, p)
+                if r < 0:
+                    return i, r
             id_ptr[ids[i]] = -1
-    return n, 0
+        if stride > 0:
+            sample_usage(series, stride, i, state, in_use_slot)
+    return stop, 0

@@ -1,8 +1,17 @@
-"""Allocation traces from other allocators' logs (for now: RMM's CSV log)."""
+"""Allocation traces: record, read, write, replay through any policy, compare.
 
+>>> from numba_bfc.traces import Trace, replay
+>>> t = Trace.from_arrays(op=[0, 0, 1, 0, 1, 1], id=[0, 1, 0, 2, 1, 2],
+...                       size=[1000, 5000, 0, 3000, 0, 0])
+>>> r = replay(t, "caching")
+>>> r.peak_requested_bytes, r.peak_in_use_bytes, r.backend_allocs
+(8000, 8704, 1)
+"""
+
+from .formats import FORMATS, guess_format, read_trace, write_trace
+from .replay import POLICIES, SERIES_DTYPE, OOMEvent, ReplayResult, make_allocator, replay
 from .rmm_log import (
     ACTIONS,
-    EVENT_DTYPE,
     HEADER,
     RmmLogEvent,
     RmmLogWriter,
@@ -11,15 +20,37 @@ from .rmm_log import (
     read_rmm_log,
     write_rmm_log,
 )
+from .rmm_log import (
+    EVENT_DTYPE as RMM_EVENT_DTYPE,
+)
+from .torch_io import assign_ids, capture_torch
+from .trace import EVENT_DTYPE, PROBLEMS, Trace, TraceError, TraceRecorder
 
 __all__ = [
     "ACTIONS",
     "EVENT_DTYPE",
+    "FORMATS",
     "HEADER",
+    "OOMEvent",
+    "POLICIES",
+    "PROBLEMS",
+    "RMM_EVENT_DTYPE",
+    "ReplayResult",
     "RmmLogEvent",
     "RmmLogWriter",
+    "SERIES_DTYPE",
+    "Trace",
+    "TraceError",
+    "TraceRecorder",
     "events_to_array",
     "format_rmm_event",
+    "guess_format",
+    "assign_ids",
+    "capture_torch",
+    "make_allocator",
     "read_rmm_log",
+    "read_trace",
+    "replay",
     "write_rmm_log",
+    "write_trace",
 ]

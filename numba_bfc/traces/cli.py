@@ -1,0 +1,144 @@
+"""``numba-bfc replay``: replay traces through policies and compare them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+from .._config import parse_size
+from ..stats import format_bytes
+from .replay import POLICIES, ReplayResult, replay
+from .trace import Trace, TraceError
+
+_PROGRESS_MIN_EVENTS = 1 << 21  # below this a replay takes well under a second
+
+
+def load_trace_arg(spec: str, clean: bool = True) -> Trace:
+    """A trace from a command-line argument: a file, ``bundled:NAME`` or
+    ``synthetic:NAME`` (``numba_bfc.traces.synthetic.GENERATORS``)."""
+    kind, _, name = spec.partition(":")
+    if kind == "bundled" and name:
+        from .data import load_bundled
+
+        return load_bundled(name)
+    if kind == "synthetic" and name:
+        from .synthetic import GENERATORS
+
+        if name not in GENERATORS:
+            raise ValueError(f"unknown synthetic workload {name!r} "
+                             f"(expected one of {', '.join(GENERATORS)})")
+        return GENERATORS[name]()
+    return Trace.read(spec, clean=clean)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="numba-bfc replay",
+        description="Replay allocation traces through allocator policies: peak requested, "
+                    "in-use and reserved bytes, backend calls, OOMs, speed.")
+    p.add_argument("traces", nargs="*", metavar="FILE",
+                   help="trace files (csv[.gz], RMM log, PyTorch snapshot .pickle, profiler "
+                        ".json[.gz]), bundled:NAME or synthetic:NAME; default: the bundled traces")
+    p.add_argument("--policy", "-p", default="bfc,caching",
+                   help=f"comma-separated policies (default bfc,caching; known: "
+                        f"{', '.join(POLICIES)})")
+    p.add_argument("--limit", "-l", help="memory limit, e.g. 16GiB or 512MiB (default: none)")
+    p.add_argument("--offline", action="store_true",
+                   help="also plan the trace offline (greedy_by_size) and report the overhead")
+    p.add_argument("--strict", action="store_true",
+                   help="fail on bad events instead of dropping and counting them")
+    p.add_argument("--json", action="store_true", help="print JSON (one object per replay)")
+    p.add_argument("--plot", metavar="PNG", help="save a time-series plot (needs matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def _progress_bar(label: str, stream: TextIO):
+    def report(done: int, total: int) -> None:
+        width = 30
+        filled = width * done // max(total, 1)
+        stream.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done >= total:
+            stream.write("\n")
+        stream.flush()
+
+    return report
+
+
+def format_table(results: list[ReplayResult]) -> str:
+    """A plain-text table, one row per trace x policy."""
+    head = ("trace", "policy", "events", "peak requested", "peak in use", "peak reserved",
+            "reserved/req", "backend a/f", "OOMs", "Mevents/s")
+    rows = [head]
+    for r in results:
+        ratio = "-" if r.peak_requested_bytes == 0 else f"{r.reserved_ratio:.3f}"
+        rows.append((r.trace, r.policy, str(r.events), format_bytes(r.peak_requested_bytes),
+                     format_bytes(r.peak_in_use_bytes), format_bytes(r.peak_reserved_bytes),
+                     ratio, f"{r.backend_allocs}/{r.backend_frees}", str(r.ooms),
+                     f"{r.events_per_second / 1e6:.2f}"))
+    if any(r.offline_bytes for r in results):
+        rows[0] = rows[0] + ("offline plan", "online/offline")
+        for k, r in enumerate(results, start=1):
+            rows[k] = rows[k] + (format_bytes(r.offline_bytes or 0),
+                                 f"{r.online_overhead:.3f}" if r.online_overhead else "-")
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) if c < 2 else cell.rjust(w)
+                       for c, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for r in results:
+        if r.first_oom is not None:
+            o = r.first_oom
+            lines.append(f"{r.trace}/{r.policy}: first OOM at event {o.event} "
+                         f"({format_bytes(o.size)}, {o.reason}): {o.message}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None,
+         err: TextIO | None = None) -> int:
+    """Run the replay CLI; return the exit status (0 ok, 2 bad input)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+        unknown = [p for p in policies if p not in POLICIES]
+        if unknown or not policies:
+            raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'} "
+                             f"(expected some of {', '.join(POLICIES)})")
+        limit = parse_size(args.limit, name="--limit") if args.limit else None
+        specs = args.traces
+        if not specs:
+            from .data import bundled_names
+
+            specs = [f"bundled:{n}" for n in bundled_names()]
+        traces = [load_trace_arg(s, clean=not args.strict) for s in specs]
+    except (OSError, ValueError, TypeError, TraceError) as e:
+        err.write(f"numba-bfc replay: error: {e}\n")
+        return 2
+    results = []
+    for trace in traces:
+        if trace.dropped:
+            dropped = ", ".join(f"{k}: {v}" for k, v in sorted(trace.dropped.items()))
+            err.write(f"{trace.name}: dropped events that cannot be replayed ({dropped})\n")
+        for policy in policies:
+            show = not args.no_progress and len(trace) >= _PROGRESS_MIN_EVENTS
+            progress = _progress_bar(f"{trace.name}/{policy}", err) if show else None
+            results.append(replay(trace, policy, limit=limit, offline=args.offline,
+                                  progress=progress))
+    if args.json:
+        json.dump([r.to_dict() for r in results], out, indent=2)
+        out.write("\n")
+    else:
+        out.write(format_table(results) + "\n")
+    if args.plot:
+        from ..viz import plot_timeline
+
+        fig = plot_timeline(results)
+        fig.savefig(args.plot, dpi=120, bbox_inches="tight")
+        err.write(f"wrote {args.plot}\n")
+    return 0

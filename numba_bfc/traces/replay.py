@@ -1,0 +1,347 @@
+"""Replay a trace through an allocator policy and measure what it would need.
+
+``replay`` runs the whole trace inside the batch kernel of the table-backed
+allocators (``BFCAllocator``, ``CachingAllocator``): one kernel call per
+chunk of events, Python only for the rare slow paths (a new region, growing
+a table, an out-of-memory). Other allocators (the reference oracles, the
+host allocator, wrappers) are driven one Python call per event.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import OutOfMemoryError
+from .trace import Trace
+
+__all__ = ["POLICIES", "SERIES_DTYPE", "OOMEvent", "ReplayResult", "make_allocator", "replay"]
+
+#: One row of a replay's time series: the most bytes of each kind over a
+#: bucket of events ending at ``event``.
+SERIES_DTYPE = np.dtype([("event", np.int64), ("requested", np.int64),
+                         ("in_use", np.int64), ("reserved", np.int64)])
+
+#: The memory limit of "no limit" for policies that need one (1 PiB).
+UNLIMITED = 1 << 50
+_CHUNK_EVENTS = 1 << 20  # kernel call granularity, for progress reports
+
+
+def _make_bfc(limit: int | None, backend, **options):
+    from ..allocators import BFCAllocator
+
+    # Replays ask "how much would it need": grow on demand unless told otherwise.
+    options.setdefault("allow_growth", True)
+    return BFCAllocator(backend, memory_limit=limit or UNLIMITED, **options)
+
+
+def _make_caching(limit: int | None, backend, **options):
+    from ..allocators import CachingAllocator
+
+    return CachingAllocator(backend, memory_limit=limit, **options)
+
+
+def _make_bfc_oracle(limit: int | None, backend, **options):
+    from ..reference import ReferenceBFCAllocator
+
+    options.setdefault("allow_growth", True)
+    return ReferenceBFCAllocator(backend, memory_limit=limit or UNLIMITED, **options)
+
+
+def _make_caching_oracle(limit: int | None, backend, **options):
+    from ..reference import ReferenceCachingAllocator
+
+    return ReferenceCachingAllocator(backend, memory_limit=limit, **options)
+
+
+#: Policy name -> factory ``(limit, backend, **options) -> Allocator``. The
+#: ``*-oracle`` entries are the pure-Python reference allocators.
+POLICIES: dict[str, Callable[..., Any]] = {
+    "bfc": _make_bfc,
+    "caching": _make_caching,
+    "bfc-oracle": _make_bfc_oracle,
+    "caching-oracle": _make_caching_oracle,
+}
+
+
+def make_allocator(policy: str, limit: int | None = None, backend=None, **options):
+    """A fresh allocator of ``policy`` (a ``POLICIES`` key) on ``backend``
+    (default: a simulated address space), limited to ``limit`` bytes."""
+    factory = POLICIES.get(policy)
+    if factory is None:
+        raise ValueError(f"unknown policy {policy!r} (expected one of {', '.join(POLICIES)})")
+    if backend is None:
+        from ..backends import VirtualSubAllocator
+
+        backend = VirtualSubAllocator()
+    return factory(limit, backend, **options)
+
+
+@dataclass(frozen=True)
+class OOMEvent:
+    """The first allocation a replay could not serve."""
+
+    event: int
+    size: int
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What a policy did with a trace.
+
+    Byte peaks are exact (every event is sampled); ``series`` keeps, for each
+    of at most ``series_points`` buckets of events, the most bytes requested,
+    in use (after the policy's rounding) and reserved from the backend.
+    """
+
+    trace: str
+    policy: str
+    events: int
+    peak_requested_bytes: int
+    peak_in_use_bytes: int
+    peak_reserved_bytes: int
+    backend_allocs: int
+    backend_frees: int
+    ooms: int
+    seconds: float
+    limit: int | None = None
+    first_oom: OOMEvent | None = None
+    offline_bytes: int | None = None
+    engine: str = "kernel"
+    series: np.ndarray = field(default_factory=lambda: np.zeros(0, SERIES_DTYPE), repr=False)
+    addresses: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+
+    @property
+    def reserved_ratio(self) -> float:
+        """Peak reserved / peak requested bytes (1.0 is perfect; NaN for an empty trace)."""
+        return (self.peak_reserved_bytes / self.peak_requested_bytes
+                if self.peak_requested_bytes else math.nan)
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds > 0 else math.inf
+
+    @property
+    def online_overhead(self) -> float | None:
+        """Peak reserved / the offline plan's arena (None without ``offline=True``)."""
+        if not self.offline_bytes:
+            return None
+        return self.peak_reserved_bytes / self.offline_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """The metrics as plain JSON-ready values (no series, no addresses)."""
+        out = {
+            "trace": self.trace, "policy": self.policy, "engine": self.engine,
+            "events": self.events, "limit": self.limit,
+            "peak_requested_bytes": self.peak_requested_bytes,
+            "peak_in_use_bytes": self.peak_in_use_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "reserved_ratio": None if math.isnan(self.reserved_ratio) else self.reserved_ratio,
+            "backend_allocs": self.backend_allocs, "backend_frees": self.backend_frees,
+            "ooms": self.ooms, "seconds": self.seconds,
+            "events_per_second": self.events_per_second if self.seconds > 0 else None,
+            "offline_bytes": self.offline_bytes, "online_overhead": self.online_overhead,
+            "first_oom": None,
+        }
+        if self.first_oom is not None:
+            out["first_oom"] = {"event": self.first_oom.event, "size": self.first_oom.size,
+                                "reason": self.first_oom.reason,
+                                "message": self.first_oom.message}
+        return out
+
+
+class _StopReplay(Exception):
+    pass
+
+
+def _usage(allocator) -> tuple[int, int]:
+    usage = getattr(allocator, "_usage", None)
+    if usage is not None:
+        return usage()
+    stats = allocator.get_stats()
+    return stats.bytes_in_use, stats.bytes_reserved
+
+
+def _backend_counts(allocator) -> tuple[int, int]:
+    backend = getattr(allocator, "backend", None)
+    return (getattr(backend, "num_allocs", 0), getattr(backend, "num_frees", 0))
+
+
+def replay(
+    trace: Trace | str | os.PathLike,
+    allocator: Any = "bfc",
+    *,
+    limit: int | None = None,
+    alignment: int = 256,
+    series_points: int = 1024,
+    offline: bool = False,
+    stop_on_oom: bool = False,
+    engine: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    **options,
+) -> ReplayResult:
+    """Replay ``trace`` through an allocator.
+
+    Parameters
+    ----------
+    trace : Trace or path
+        A path is read with ``Trace.read`` (which raises on bad events).
+    allocator : str or Allocator
+        A policy name (``POLICIES``: a fresh allocator on a simulated address
+        space) or an allocator instance (replayed from its current state).
+    limit : int, optional
+        Memory limit in bytes for a policy name (None: unlimited).
+    alignment : int
+        Alignment of every allocation.
+    series_points : int
+        Buckets of the time series (0: none).
+    offline : bool
+        Also plan the trace's lifetimes offline (``greedy_by_size`` offsets)
+        and report the arena size, to compare with the online peak.
+    stop_on_oom : bool
+        End at the first allocation that fails instead of skipping it.
+    engine : {"auto", "kernel", "python"}
+        ``kernel`` needs a table-backed allocator; ``python`` calls
+        ``allocate_raw``/``deallocate_raw`` once per event; ``auto`` picks
+        ``kernel`` when it can.
+    progress : callable, optional
+        ``progress(done, total)`` after every chunk of events.
+    **options
+        Passed to the policy's allocator (e.g. ``max_split_size``).
+
+    Returns
+    -------
+    ReplayResult
+    """
+    if not isinstance(trace, Trace):
+        trace = Trace.read(trace)
+    trace.validate()
+    if isinstance(allocator, str):
+        policy = allocator
+        allocator = make_allocator(policy, limit, **options)
+    else:
+        if limit is not None or options:
+            raise ValueError("limit and options apply to a policy name, not an allocator "
+                             "instance (configure the instance instead)")
+        policy = getattr(allocator, "name", type(allocator).__name__)
+    if engine not in ("auto", "kernel", "python"):
+        raise ValueError(f"engine must be 'auto', 'kernel' or 'python', got {engine!r}")
+    has_kernel = hasattr(allocator, "_drive_batch")
+    if engine == "kernel" and not has_kernel:
+        raise TypeError(f"{type(allocator).__name__} has no batch kernel; use engine='python'")
+    use_kernel = has_kernel and engine != "python"
+    if series_points < 0:
+        raise ValueError(f"series_points must be >= 0, got {series_points}")
+
+    n = len(trace)
+    ops = np.ascontiguousarray(trace.ops)
+    sizes = np.ascontiguousarray(trace.sizes)
+    slots = trace.slots().copy()  # writable: the kernel is compiled for writable arrays
+    # Peaks come from the samples, so there is always at least one bucket.
+    stride = max(1, -(-n // max(series_points, 1)))
+    usage = np.zeros((-(-n // stride) if stride else 0, 2), dtype=np.int64)
+    ptrs = np.full(trace.num_allocations or 1, -1, dtype=np.int64)
+    addresses = np.zeros(n, dtype=np.int64)
+    first_oom: list[OOMEvent] = []
+    ooms = 0
+
+    def on_oom(i: int, error: OutOfMemoryError) -> None:
+        nonlocal ooms
+        ooms += 1
+        if not first_oom:
+            first_oom.append(OOMEvent(i, int(sizes[i]), getattr(error, "reason", ""),
+                                      str(error).split("\n", 1)[0]))
+        if stop_on_oom:
+            raise _StopReplay
+
+    allocs0, frees0 = _backend_counts(allocator)
+    done = 0
+    t0 = time.perf_counter()
+    try:
+        if use_kernel:
+            with allocator._lock:
+                allocator._before_batch()
+                for start in range(0, n, _CHUNK_EVENTS):
+                    stop = min(n, start + _CHUNK_EVENTS)
+                    try:
+                        allocator._drive_batch(ops, slots, sizes, alignment, ptrs, addresses,
+                                               start, stop, usage, stride, on_oom)
+                    except _StopReplay:
+                        done = first_oom[0].event + 1
+                        raise
+                    done = stop
+                    if progress is not None:
+                        progress(done, n)
+        else:
+            done = _replay_python(allocator, ops, slots, sizes, alignment, ptrs, addresses,
+                                  usage, stride, on_oom, progress)
+    except _StopReplay:
+        if not use_kernel:
+            done = first_oom[0].event + 1
+    seconds = time.perf_counter() - t0
+    allocs1, frees1 = _backend_counts(allocator)
+
+    requested = trace.live_bytes()[:done]
+    series = np.zeros(0, SERIES_DTYPE)
+    if done:
+        buckets = -(-done // stride)
+        series = np.zeros(buckets, SERIES_DTYPE)
+        starts = np.arange(buckets) * stride
+        series["event"] = np.minimum(starts + stride, done) - 1
+        series["requested"] = np.maximum.reduceat(requested, starts)
+        series["in_use"] = usage[:buckets, 0]
+        series["reserved"] = usage[:buckets, 1]
+    offline_bytes = None
+    if offline:
+        from ..planning import assign_offsets
+
+        offline_bytes = assign_offsets(trace.lifetimes(), "greedy_by_size").total_size
+    return ReplayResult(
+        trace=trace.name, policy=policy, events=done,
+        peak_requested_bytes=int(requested.max()) if done else 0,
+        peak_in_use_bytes=int(series["in_use"].max()) if series.size else 0,
+        peak_reserved_bytes=int(series["reserved"].max()) if series.size else 0,
+        backend_allocs=allocs1 - allocs0, backend_frees=frees1 - frees0, ooms=ooms,
+        seconds=seconds, limit=limit, first_oom=first_oom[0] if first_oom else None,
+        offline_bytes=offline_bytes, engine="kernel" if use_kernel else "python",
+        series=series if series_points else np.zeros(0, SERIES_DTYPE),
+        addresses=addresses[:done],
+    )
+
+
+def _replay_python(allocator, ops, slots, sizes, alignment, ptrs, addresses, usage, stride,
+                   on_oom, progress) -> int:
+    """One ``allocate_raw``/``deallocate_raw`` call per event."""
+    n = ops.shape[0]
+    allocate, deallocate = allocator.allocate_raw, allocator.deallocate_raw
+    for i, (op, slot, size) in enumerate(zip(ops.tolist(), slots.tolist(), sizes.tolist())):
+        if op == 0:
+            try:
+                p = allocate(size, alignment)
+            except OutOfMemoryError as e:
+                ptrs[slot] = 0
+                on_oom(i, e)
+            else:
+                ptrs[slot] = addresses[i] = p
+        else:
+            p = int(ptrs[slot])
+            if p:
+                deallocate(p)
+            ptrs[slot] = -1
+        b = i // stride
+        in_use, reserved = _usage(allocator)
+        usage[b, 0] = max(usage[b, 0], in_use)
+        usage[b, 1] = max(usage[b, 1], reserved)
+        if progress is not None and (i + 1) % _CHUNK_EVENTS == 0:
+            progress(i + 1, n)
+    if progress is not None:
+        progress(n, n)
+    return n

@@ -1,0 +1,390 @@
+"""Traces: validation, formats, recording, replay through every policy, the CLI."""
+
+import gzip
+import io
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from numba_bfc import BFCAllocator, CachingAllocator, LoggingAllocator
+from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.planning import validate
+from numba_bfc.traces import (
+    SERIES_DTYPE,
+    Trace,
+    TraceError,
+    guess_format,
+    make_allocator,
+    read_trace,
+    replay,
+)
+from numba_bfc.traces.cli import main as replay_main
+from numba_bfc.traces.data import bundled_names, load_bundled
+from numba_bfc.traces.synthetic import GENERATORS
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def small_trace():
+    return Trace.from_arrays(op=[0, 0, 1, 0, 1, 1], id=[7, 9, 7, 7, 9, 7],
+                             size=[1000, 5000, 0, 3000, 0, 0], name="small")
+
+
+@st.composite
+def traces(draw, max_events=120, max_size=8 * MIB):
+    """Random valid traces: allocations of random sizes, frees of random live ids."""
+    n = draw(st.integers(0, max_events))
+    ops, ids, sizes, live = [], [], [], []
+    next_id = 0
+    for _ in range(n):
+        if live and draw(st.booleans()):
+            k = draw(st.integers(0, len(live) - 1))
+            ops.append(1)
+            ids.append(live.pop(k))
+            sizes.append(0)
+        else:
+            ops.append(0)
+            ids.append(next_id)
+            sizes.append(draw(st.one_of(st.integers(1, 4096), st.integers(1, max_size))))
+            live.append(next_id)
+            next_id += 1
+    return Trace.from_arrays(ops, ids, sizes, name="random")
+
+
+# ---------------------------------------------------------------------- Trace
+def test_free_sizes_and_pairing():
+    t = small_trace()
+    assert t.sizes.tolist() == [1000, 5000, 1000, 3000, 5000, 3000]
+    assert t.slots().tolist() == [0, 1, 0, 2, 1, 2]
+    assert t.partners().tolist() == [2, 4, 0, 5, 1, 3]
+    assert t.live_bytes().tolist() == [1000, 6000, 5000, 8000, 3000, 0]
+    assert t.peak_requested_bytes == 8000
+    assert t.summary()["never_freed"] == 0
+
+
+@pytest.mark.parametrize("op,id,size,index,problem", [
+    ([0, 1, 1], [1, 1, 1], [10, 0, 0], 2, "double_free"),
+    ([0, 1], [1, 2], [10, 0], 1, "unknown_free"),
+    ([0, 0], [1, 1], [10, 20], 1, "live_id_reused"),
+    ([0, 0], [1, 2], [10, 0], 1, "bad_size"),
+    ([0, 0], [1, 2], [10, -5], 1, "bad_size"),
+    ([0, 2], [1, 1], [10, 0], 1, "bad_op"),
+    ([0, 1], [1, 1], [10, 11], 1, "size_mismatch"),
+])
+def test_validation_names_the_event(op, id, size, index, problem):
+    with pytest.raises(TraceError) as e:
+        Trace.from_arrays(op, id, size, name="t")
+    assert e.value.index == index and e.value.problem == problem
+    assert f"event {index}" in str(e.value) and str(e.value).startswith("t:")
+
+
+def test_clean_drops_and_counts():
+    raw = Trace.from_arrays([1, 0, 0, 1, 1, 0, 1], [5, 1, 1, 1, 1, 2, 2], [0, 10, 20, 0, 0, 0, 0],
+                            validate=False)
+    assert raw.problems() == {"unknown_free": 2, "live_id_reused": 1, "double_free": 1,
+                              "bad_size": 1}
+    clean = raw.clean()
+    assert clean.dropped == {"unknown_free": 2, "live_id_reused": 1, "double_free": 1,
+                             "bad_size": 1}
+    assert clean.ops.tolist() == [0, 1] and clean.sizes.tolist() == [10, 10]
+    with pytest.raises(TraceError, match="4 more bad events"):
+        raw.validate()
+
+
+def test_an_id_may_be_reused_after_its_free():
+    t = Trace.from_arrays([0, 1, 0, 1], [3, 3, 3, 3], [10, 0, 20, 0])
+    assert t.slots().tolist() == [0, 0, 1, 1] and t.sizes.tolist() == [10, 10, 20, 20]
+
+
+def test_bad_columns():
+    with pytest.raises(ValueError, match="shape"):
+        Trace.from_arrays([0, 1], [1], [1, 1])
+    with pytest.raises(TypeError, match="integers"):
+        Trace.from_arrays([0], [1], [1.5])
+    with pytest.raises(TypeError, match="op, id and size"):
+        Trace(np.zeros(3, dtype=[("a", "i8")]))
+
+
+@given(traces())
+def test_lifetimes_conflict_exactly_when_live_together(t):
+    rec = t.lifetimes()
+    live = np.zeros((len(t), t.num_allocations), dtype=bool)
+    slots = t.slots()
+    state = np.zeros(t.num_allocations, dtype=bool)
+    for i, (op, s) in enumerate(zip(t.ops, slots)):
+        state[s] = op == 0
+        live[i] = state
+    together = (live[:, :, None] & live[:, None, :]).any(axis=0)
+    first, last = rec["first"], rec["last"]
+    conflict = (first[:, None] <= last[None, :]) & (first[None, :] <= last[:, None])
+    assert np.array_equal(conflict, together)
+    assert rec["size"].tolist() == t.sizes[t.ops == 0].tolist()
+
+
+# ---------------------------------------------------------------------- formats
+@given(traces())
+def test_csv_round_trip(tmp_path_factory, t):
+    path = tmp_path_factory.mktemp("csv") / "t.csv.gz"
+    t.write(path)
+    assert read_trace(path) == t
+    with gzip.open(path, "rt") as f:
+        assert f.readline().strip() == "op,id,size"
+
+
+def test_csv_stream_time_and_extra_columns(tmp_path):
+    path = tmp_path / "x.csv"
+    path.write_text("note,op,size,id,stream,time\nhi,a,100,4,7,0.5\n,f,,4,7,1.25\n")
+    t = Trace.read(path)
+    assert t.ops.tolist() == [0, 1] and t.sizes.tolist() == [100, 100]
+    assert t.streams.tolist() == [7, 7] and t.times.tolist() == [0.5, 1.25]
+    t.write(tmp_path / "y.csv")
+    assert (tmp_path / "y.csv").read_text().splitlines()[0] == "op,id,size,stream,time"
+    assert Trace.read(tmp_path / "y.csv") == t
+
+
+@pytest.mark.parametrize("text,match", [
+    ("", "empty file"),
+    ("op,size\na,1\n", "missing id"),
+    ("op,id,size\nx,1,1\n", "line 2: op must be 'a' or 'f'"),
+    ("op,id,size\na,1,1\na,2\n", "line 3: 2 fields"),
+    ("op,id,size\na,1,1\na,zz,1\n", "line 3: bad id"),
+    ("op,id,size\na,1,1\nf,1,0\nf,1,0\n", "event 2 frees id 1, which is already freed"),
+])
+def test_bad_csv(tmp_path, text, match):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        Trace.read(path)
+
+
+def test_rmm_round_trip_and_failures(tmp_path):
+    t = small_trace()
+    path = tmp_path / "log.csv"
+    t.write(path, "rmm")
+    assert guess_format(path) == "rmm"
+    back = Trace.read(path)
+    assert back.ops.tolist() == t.ops.tolist() and back.sizes.tolist() == t.sizes.tolist()
+    assert back.slots().tolist() == t.slots().tolist()
+    lines = path.read_text().splitlines()
+    lines.insert(2, "0,00:00:00.000000,allocate failure,(nil),99999999,0")
+    path.write_text("\n".join(lines) + "\n")
+    again = Trace.read(path)
+    assert again.dropped == {"allocate_failure": 1} and len(again) == len(t)
+
+
+def test_logging_allocator_log_replays(tmp_path):
+    """The framework's RMM log of a real run reads back as the same request stream."""
+    log = tmp_path / "run.csv"
+    inner = BFCAllocator(VirtualSubAllocator(), memory_limit=64 * MIB, allow_growth=True)
+    rng = np.random.default_rng(1)
+    asked, live = [], []
+    with LoggingAllocator(inner, log) as a:
+        for _ in range(300):
+            if live and rng.random() < 0.45:
+                p, n = live.pop(int(rng.integers(len(live))))
+                a.deallocate_raw(p)
+                asked.append((1, n))
+            else:
+                n = int(rng.integers(1, 1 << 18))
+                live.append((a.allocate_raw(n), n))
+                asked.append((0, n))
+    t = Trace.read(log)
+    assert list(zip(t.ops.tolist(), t.sizes.tolist())) == asked
+    # Addresses reused after a free became new ids.
+    assert t.num_allocations == sum(1 for op, _ in asked if op == 0)
+
+
+def test_guess_format(tmp_path):
+    (tmp_path / "a.csv").write_text("op,id,size\n")
+    (tmp_path / "b.json").write_text("{}")
+    (tmp_path / "c.pickle").write_bytes(b"\x80\x04")
+    assert [guess_format(tmp_path / f) for f in ("a.csv", "b.json", "c.pickle")] == [
+        "csv", "torch_profiler", "torch_snapshot"]
+    with pytest.raises(ValueError, match="unknown trace format"):
+        read_trace(tmp_path / "a.csv", "xml")
+
+
+# ---------------------------------------------------------------------- recording
+def test_record_collects_events_and_restores():
+    a = CachingAllocator(VirtualSubAllocator())
+    with Trace.record(a, name="rec") as rec:
+        p = a.allocate_raw(1000)
+        q = a.allocate_raw(3 * MIB)
+        a.deallocate_raw(p)
+        with pytest.raises(RuntimeError, match="already being recorded"):
+            with Trace.record(a):
+                pass
+    a.deallocate_raw(q)  # after the block: not recorded
+    t = rec.trace
+    assert t.name == "rec" and t.ops.tolist() == [0, 0, 1]
+    assert t.sizes.tolist() == [1000, 3 * MIB, 1000] and np.all(np.diff(t.times) >= 0)
+    assert "allocate_raw" not in vars(a)
+    # Replaying the recording on a fresh allocator reproduces the addresses.
+    r = replay(t, CachingAllocator(VirtualSubAllocator()))
+    assert r.addresses[:2].tolist() == [p, q]
+
+
+# ---------------------------------------------------------------------- replay
+def _drive_by_hand(t, a, alignment=256):
+    """The per-event Python loop that replay must match."""
+    ptr = {}
+    out = []
+    for op, slot, size in zip(t.ops.tolist(), t.slots().tolist(), t.sizes.tolist()):
+        if op == 0:
+            ptr[slot] = a.allocate_raw(size, alignment)
+            out.append(ptr[slot])
+        else:
+            a.deallocate_raw(ptr.pop(slot))
+            out.append(0)
+    return out
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching"])
+@given(t=traces())
+def test_replay_matches_the_python_api(policy, t):
+    by_hand = make_allocator(policy)
+    expected = _drive_by_hand(t, by_hand)
+    fast = make_allocator(policy)
+    r = replay(t, fast, series_points=7)
+    assert r.engine == "kernel" and r.addresses.tolist() == expected
+    assert fast.get_stats() == by_hand.get_stats()
+    assert fast.tables["chunks"].tobytes() == by_hand.tables["chunks"].tobytes()
+    assert r.backend_allocs == by_hand.backend.num_allocs
+    # Peaks are exact: every event is sampled, whatever the bucket count.
+    slow = replay(t, make_allocator(policy), engine="python", series_points=0)
+    assert (slow.peak_in_use_bytes, slow.peak_reserved_bytes) == (
+        r.peak_in_use_bytes, r.peak_reserved_bytes)
+    assert r.peak_requested_bytes == t.peak_requested_bytes
+    if len(t):
+        assert r.peak_in_use_bytes == by_hand.get_stats().peak_bytes_in_use
+        assert r.peak_reserved_bytes == by_hand.get_stats().peak_bytes_reserved
+        assert r.series.size <= 7 and r.series["event"][-1] == len(t) - 1
+        assert r.series["requested"].max() == t.peak_requested_bytes
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching"])
+@given(t=traces(max_events=60))
+def test_replay_matches_the_oracle(policy, t):
+    fast = replay(t, policy)
+    oracle = replay(t, policy + "-oracle")
+    assert oracle.engine == "python"
+    assert fast.addresses.tolist() == oracle.addresses.tolist()
+    for key in ("peak_in_use_bytes", "peak_reserved_bytes", "backend_allocs", "backend_frees"):
+        assert getattr(fast, key) == getattr(oracle, key), key
+    assert np.array_equal(fast.series, oracle.series)
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching"])
+def test_limit_ooms_are_counted_and_skipped(policy):
+    # 3 x 12 MiB live at once cannot fit in 32 MiB; the failed one's free is skipped.
+    t = Trace.from_arrays([0, 0, 0, 1, 1, 1, 0, 1], [1, 2, 3, 1, 2, 3, 4, 4],
+                          [12 * MIB] * 3 + [0] * 3 + [MIB, 0])
+    r = replay(t, policy, limit=32 * MIB)
+    assert r.ooms == 1 and r.first_oom.event == 2 and r.first_oom.size == 12 * MIB
+    assert r.first_oom.reason and r.first_oom.message
+    assert r.events == len(t) and r.addresses[2] == 0 and r.addresses[6] > 0
+    assert r.peak_reserved_bytes <= 32 * MIB
+    stop = replay(t, policy, limit=32 * MIB, stop_on_oom=True)
+    assert stop.events == 3 and stop.ooms == 1
+    python = replay(t, make_allocator(policy, 32 * MIB), engine="python")
+    assert python.ooms == 1 and python.addresses.tolist() == r.addresses.tolist()
+
+
+def test_replay_result_metrics_and_offline():
+    t = GENERATORS["steady_state"](iterations=3, layers=6)
+    r = replay(t, "bfc", offline=True)
+    d = r.to_dict()
+    for key in ("peak_requested_bytes", "peak_in_use_bytes", "peak_reserved_bytes",
+                "backend_allocs", "backend_frees", "ooms", "events", "seconds"):
+        assert key in d
+    assert json.loads(json.dumps(d)) == d
+    assert r.peak_requested_bytes <= r.peak_in_use_bytes <= r.peak_reserved_bytes
+    assert r.reserved_ratio == r.peak_reserved_bytes / r.peak_requested_bytes
+    # The offline plan is valid, and never below the max-live lower bound.
+    from numba_bfc.planning import assign_offsets
+    plan = assign_offsets(t.lifetimes(), "greedy_by_size")
+    validate(t.lifetimes(), plan)
+    assert r.offline_bytes == plan.total_size >= t.peak_requested_bytes
+    assert r.series.dtype == SERIES_DTYPE
+
+
+def test_replay_rejects_bad_arguments():
+    t = small_trace()
+    with pytest.raises(ValueError, match="unknown policy"):
+        replay(t, "best")
+    with pytest.raises(ValueError, match="policy name"):
+        replay(t, make_allocator("bfc"), limit=1)
+    with pytest.raises(ValueError, match="engine"):
+        replay(t, "bfc", engine="gpu")
+    with pytest.raises(TypeError, match="no batch kernel"):
+        replay(t, "bfc-oracle", engine="kernel")
+
+
+def test_progress_reports():
+    seen = []
+    replay(small_trace(), "bfc", progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(6, 6)]
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_synthetic_generators_are_seeded(name):
+    a, b, c = GENERATORS[name](seed=1), GENERATORS[name](seed=1), GENERATORS[name](seed=2)
+    assert a == b and a != c and a.is_valid and len(a) > 1000
+
+
+def test_bundled_traces():
+    names = bundled_names()
+    assert len(names) >= 2
+    for name in names:
+        t = load_bundled(name)
+        assert t.is_valid and len(t) > 100 and t.peak_requested_bytes > 0
+        r = replay(t, "caching")
+        assert r.events == len(t) and r.ooms == 0
+    with pytest.raises(ValueError, match="no bundled trace"):
+        load_bundled("nope")
+
+
+# ---------------------------------------------------------------------- CLI
+def _cli(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    code = replay_main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_table_and_json(tmp_path):
+    path = tmp_path / "t.csv"
+    small_trace().write(path)
+    code, out, _ = _cli(str(path), "synthetic:bursty", "--policy", "bfc,caching")
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.startswith(("t ", "bursty"))]
+    assert len(rows) == 4
+    code, out, _ = _cli(str(path), "--json", "--limit", "1MiB", "--offline")
+    data = json.loads(out)
+    assert [d["policy"] for d in data] == ["bfc", "caching"]
+    assert all(d["limit"] == MIB and d["events"] == 6 for d in data)
+    assert data[0]["offline_bytes"] == 8000
+
+
+def test_cli_errors(tmp_path):
+    code, _, err = _cli(str(tmp_path / "missing.csv"))
+    assert code == 2 and "error" in err
+    code, _, err = _cli("synthetic:bursty", "--policy", "nope")
+    assert code == 2 and "unknown policy nope" in err
+    code, _, err = _cli("synthetic:bursty", "--limit", "12GB")
+    assert code == 2 and "--limit" in err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("op,id,size\nf,1,0\na,2,10\n")
+    code, _, err = _cli(str(bad), "--strict")
+    assert code == 2 and "event 0 frees id 1, which was never allocated" in err
+    code, out, err = _cli(str(bad))
+    assert code == 0 and "unknown_free: 1" in err
+
+
+def test_cli_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "p.png"
+    code, _, _ = _cli("synthetic:growing_kv_cache", "--plot", str(png))
+    assert code == 0 and png.read_bytes()[:4] == b"\x89PNG"
