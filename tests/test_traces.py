@@ -388,3 +388,31 @@ def test_cli_plot(tmp_path):
     png = tmp_path / "p.png"
     code, _, _ = _cli("synthetic:growing_kv_cache", "--plot", str(png))
     assert code == 0 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+@given(traces(max_events=60))
+def test_torch_snapshot_round_trip_through_trace(tmp_path_factory, t):
+    path = tmp_path_factory.mktemp("snap") / "snapshot.pickle"
+    t.write(path)
+    assert guess_format(path) == "torch_snapshot"
+    back = Trace.read(path)
+    assert back.ops.tolist() == t.ops.tolist() and back.sizes.tolist() == t.sizes.tolist()
+    assert back.slots().tolist() == t.slots().tolist()
+    a, b = replay(t, "caching"), replay(back, "caching")
+    assert a.addresses.tolist() == b.addresses.tolist()
+
+
+def test_profiler_trace_through_trace_read(tmp_path):
+    events = [{"ph": "i", "name": "[memory]", "ts": 10.0 + k,
+               "args": {"Addr": addr, "Bytes": nbytes, "Device Type": 0, "Device Id": -1}}
+              for k, (addr, nbytes) in enumerate([(64, 1000), (128, 500), (64, -1000),
+                                                  (64, 2000), (999, -8), (128, -500)])]
+    path = tmp_path / "prof.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    with pytest.raises(TraceError, match="event 4 frees id"):
+        Trace.read(path)
+    t = Trace.read(path, clean=True)
+    assert t.dropped == {"unknown_free": 1}
+    assert t.ops.tolist() == [0, 0, 1, 0, 1] and t.sizes.tolist() == [1000, 500, 1000, 2000, 500]
+    assert t.slots().tolist() == [0, 1, 0, 2, 1]  # address 64 reused: a new allocation

@@ -57,6 +57,6 @@ def plot_timeline(results, axes=None):
         ax.set_xlabel("event")
         ax.set_ylabel("MiB")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize="small", loc="upper left")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
