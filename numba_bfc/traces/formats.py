@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 from . import _kernels as K
-from .rmm_log import RmmLogEvent, RmmLogWriter, read_rmm_log
+from .rmm_log import ACTIONS, RmmLogEvent, RmmLogWriter, events_to_array, read_rmm_log
 from .torch_io import assign_ids
 from .trace import Trace
 
@@ -140,16 +140,11 @@ def _format_csv(trace: Trace) -> str:
 
 # ---------------------------------------------------------------------- rmm
 def _from_rmm(path, name: str) -> Trace:
-    events = read_rmm_log(path)
-    kept = [e for e in events if e.action != "allocate failure"]
-    ops = np.array([K.ALLOC if e.action == "allocate" else K.FREE for e in kept], dtype=np.int8)
-    addresses = np.array([e.pointer for e in kept], dtype=np.uint64)
-    times = np.array([((e.time.hour * 60 + e.time.minute) * 60 + e.time.second)
-                      + e.time.microsecond * 1e-6 for e in kept])
-    trace = Trace.from_arrays(ops, assign_ids(ops, addresses),
-                              np.array([e.size for e in kept], dtype=np.int64),
-                              np.array([e.stream for e in kept], dtype=np.uint64), times,
-                              name=name, validate=False)
+    events = events_to_array(read_rmm_log(path))
+    kept = events[events["action"] != ACTIONS.index("allocate failure")]
+    ops = np.where(kept["action"] == ACTIONS.index("allocate"), K.ALLOC, K.FREE).astype(np.int8)
+    trace = Trace.from_arrays(ops, assign_ids(ops, kept["pointer"]), kept["size"],
+                              kept["stream"], kept["time_us"] * 1e-6, name=name, validate=False)
     failures = len(events) - len(kept)
     if failures:
         trace.dropped["allocate_failure"] = failures

@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from ..allocators import BFCAllocator, CachingAllocator
 from ..errors import OutOfMemoryError
+from ..reference import ReferenceBFCAllocator, ReferenceCachingAllocator
 from .trace import Trace
 
 __all__ = ["POLICIES", "SERIES_DTYPE", "OOMEvent", "ReplayResult", "make_allocator", "replay"]
@@ -33,40 +35,29 @@ UNLIMITED = 1 << 50
 _CHUNK_EVENTS = 1 << 20  # kernel call granularity, for progress reports
 
 
-def _make_bfc(limit: int | None, backend, **options):
-    from ..allocators import BFCAllocator
+def _bfc_factory(cls):
+    def make(limit: int | None, backend, **options):
+        # Replays ask "how much would it need": grow on demand unless told otherwise.
+        options.setdefault("allow_growth", True)
+        return cls(backend, memory_limit=limit or UNLIMITED, **options)
 
-    # Replays ask "how much would it need": grow on demand unless told otherwise.
-    options.setdefault("allow_growth", True)
-    return BFCAllocator(backend, memory_limit=limit or UNLIMITED, **options)
-
-
-def _make_caching(limit: int | None, backend, **options):
-    from ..allocators import CachingAllocator
-
-    return CachingAllocator(backend, memory_limit=limit, **options)
+    return make
 
 
-def _make_bfc_oracle(limit: int | None, backend, **options):
-    from ..reference import ReferenceBFCAllocator
+def _caching_factory(cls):
+    def make(limit: int | None, backend, **options):
+        return cls(backend, memory_limit=limit, **options)
 
-    options.setdefault("allow_growth", True)
-    return ReferenceBFCAllocator(backend, memory_limit=limit or UNLIMITED, **options)
-
-
-def _make_caching_oracle(limit: int | None, backend, **options):
-    from ..reference import ReferenceCachingAllocator
-
-    return ReferenceCachingAllocator(backend, memory_limit=limit, **options)
+    return make
 
 
 #: Policy name -> factory ``(limit, backend, **options) -> Allocator``. The
 #: ``*-oracle`` entries are the pure-Python reference allocators.
 POLICIES: dict[str, Callable[..., Any]] = {
-    "bfc": _make_bfc,
-    "caching": _make_caching,
-    "bfc-oracle": _make_bfc_oracle,
-    "caching-oracle": _make_caching_oracle,
+    "bfc": _bfc_factory(BFCAllocator),
+    "caching": _caching_factory(CachingAllocator),
+    "bfc-oracle": _bfc_factory(ReferenceBFCAllocator),
+    "caching-oracle": _caching_factory(ReferenceCachingAllocator),
 }
 
 
