@@ -8,7 +8,7 @@ nothing: kernels are compiled (or loaded from Numba's cache) on first use.
 """
 
 from .adaptors import LimitingAllocator, LoggingAllocator, RetryingAllocator, StatisticsAllocator
-from .allocators import BFCAllocator, CachingAllocator, SharedCounter
+from .allocators import BFCAllocator, CachingAllocator, CompactAllocator, SharedCounter
 from .allocators.host import HostAllocator
 from .errors import InvalidPointerError, OutOfMemoryError
 from .framework import (
@@ -39,6 +39,7 @@ __all__ = [
     "AllocatorStats",
     "BFCAllocator",
     "CachingAllocator",
+    "CompactAllocator",
     "HostAllocator",
     "InvalidPointerError",
     "LimitingAllocator",

@@ -104,10 +104,15 @@ def _gpu_part() -> None:
         raise RuntimeError("the kernel's result is wrong")
 
 
+_POLICIES = ("bfc", "caching", "compact")
+_GPU_SCALE = 64 << 20  # peak live bytes from which a 2 MiB page is a fair granularity
+
+
 def _replay_part() -> None:
-    """Bundled real traces through both policies: the comparison and the occupancy."""
-    from .traces import Trace, make_allocator, replay
-    from .traces.cli import format_table
+    """Bundled real traces through every policy: the comparison, the smallest
+    workable memory limits, and the occupancy at a peak."""
+    from .traces import Trace, make_allocator, min_limit, replay
+    from .traces.cli import format_min_limits, format_table
     from .traces.data import bundled_names, load_bundled
 
     traces = [load_bundled(n) for n in bundled_names()]
@@ -117,16 +122,23 @@ def _replay_part() -> None:
         traces = [steady_state()]
     # Load (or compile) the kernels first, so the table's events/s are the replays'.
     t0 = time.perf_counter()
-    for policy in ("bfc", "caching"):
+    for policy in _POLICIES:
         replay(traces[0], policy)
     print(f"first replays (compile or cache load): {time.perf_counter() - t0:.2f} s")
-    results = [replay(t, p, offline=True) for t in traces for p in ("bfc", "caching")]
+    results = [replay(t, p, offline=True) for t in traces for p in _POLICIES]
     print(format_table(results))
-    print("(Mevents/s: one short replay each, noisy; see benchmarks/test_bench_traces.py)")
-    trace = traces[0]
+    print("(Mevents/s: one short replay each, noisy; see benchmarks/test_bench_compact.py)")
+    big = [t for t in traces if t.peak_requested_bytes >= _GPU_SCALE]
+    if big:
+        t0 = time.perf_counter()
+        found = [min_limit(t, p) for t in big for p in _POLICIES]
+        print(f"\nSmallest memory limit with no OOM, by bisection "
+              f"({time.perf_counter() - t0:.1f} s):")
+        print(format_min_limits(found))
+    trace = big[0] if big else traces[0]
     peak = int(trace.live_bytes().argmax())
     at_peak = Trace(trace.events[: peak + 1], trace.name)
-    for policy in ("bfc", "caching"):
+    for policy in _POLICIES:
         alloc = make_allocator(policy)
         replay(at_peak, alloc)
         print(f"\n{trace.name} / {policy} at the trace's peak (event {peak}): "
@@ -150,7 +162,7 @@ def run(num_ops: int = 20000, seed: int = 0, memory_limit: int = 256 << 20) -> i
     else:
         print("\nNo GPU: skipping the Numba-kernels part; everything below runs on the CPU "
               "(simulated address space).")
-    print("\n== Real PyTorch traces replayed through both policies ==")
+    print("\n== Real PyTorch traces replayed through the bfc, caching and compact policies ==")
     _replay_part()
     print("\n== A random workload on a BFC allocator ==")
     _random_part(num_ops, seed, memory_limit)

@@ -16,6 +16,7 @@ import numpy as np
 
 from .allocators._bfc_base import MIN_ALLOCATION, NUM_BINS
 from .allocators._caching_base import CachingBase
+from .allocators._compact_base import CompactGrowth
 from .allocators._report import bin_of
 from .kernels import layout as L
 from .policies import caching as C
@@ -44,7 +45,10 @@ def check_invariants(allocator) -> None:
         else:
             _check_tiling(records, regions, allocator._timestamps_used)
             _check_records(records, regions, allocator._counters(), largest,
-                           allocator.memory_limit)
+                           allocator.memory_limit,
+                           bins_by_size=not isinstance(allocator, CompactGrowth))
+        if isinstance(allocator, CompactGrowth):
+            _check_compact(allocator, records, regions)
         if hasattr(allocator, "_chunks"):
             _check_tables(allocator)
 
@@ -75,7 +79,7 @@ def _check_tiling(records, regions, adjacent_free_allowed) -> None:
     _require(total == records.shape[0], "a chunk lies outside every region")
 
 
-def _check_records(records, regions, counters, largest, limit) -> None:
+def _check_records(records, regions, counters, largest, limit, bins_by_size=True) -> None:
     addresses = records["address"]
     _require(np.all(records["size"] % MIN_ALLOCATION == 0), "a chunk size is not a multiple of 256")
     _require(np.all(addresses % MIN_ALLOCATION == 0), "a chunk address is not 256-aligned")
@@ -85,7 +89,7 @@ def _check_records(records, regions, counters, largest, limit) -> None:
     _require(np.all(records["requested_size"][used] > 0), "an in-use chunk has no request")
     expected_bins = np.array([bin_of(int(s), MIN_ALLOCATION, NUM_BINS) for s in records["size"]],
                              dtype=np.int64)
-    _require(np.array_equal(records["bin"][~used], expected_bins[~used]),
+    _require(not bins_by_size or np.array_equal(records["bin"][~used], expected_bins[~used]),
              "a free chunk is not in the bin for its size")
     _require(np.all(records["bin"][used] == -1), "an in-use chunk is in a bin")
     ids = records["allocation_id"][used]
@@ -102,6 +106,37 @@ def _check_records(records, regions, counters, largest, limit) -> None:
     free_sizes = records["size"][~used]
     expect_largest = int(free_sizes.max()) if free_sizes.size else 0
     _require(largest == expect_largest, f"largest free {largest} != {expect_largest}")
+
+
+def _check_compact(a, records, regions) -> None:
+    """Backend pieces tile the regions exactly; the release rule has been applied."""
+    pieces = list(a._pieces.items())
+    _require(sum(size for _, (size, _) in pieces) == a._counters()["pool_bytes"],
+             "backend pieces do not add up to the pool")
+    k = 0
+    for base, size in regions:
+        pos, newest = base, base
+        while k < len(pieces) and pieces[k][0] < base + size:
+            _require(pieces[k][0] == pos, f"backend pieces of region {base:#x} leave a gap")
+            newest, pos = pieces[k][0], pieces[k][0] + pieces[k][1][0]
+            k += 1
+        _require(pos == base + size, f"backend pieces do not end where region {base:#x} ends")
+        space = a._space_of(base)
+        lo, hi = np.searchsorted(records["address"], [base, base + size])
+        part = records[lo:hi]
+        _require(np.all(part["bin"][~part["in_use"]] == space),
+                 f"a free chunk of region {base:#x} is not in its space's bin {space}")
+        _require(all(a._pieces[p][1] == space for p in a._pieces.irange(base, base + size - 1)),
+                 f"region {base:#x} holds a piece of another space's backend")
+        if hasattr(a, "_regions"):
+            row = a._row(base)
+            _require(int(a._regions[row]["last_piece"]) == newest,
+                     f"region {base:#x}: last_piece is not its newest backend piece")
+        tail = base + size - a._tail_start(base, base + size)
+        _require(a.release_threshold == 0 or a._timestamps_used
+                 or tail < a.release_threshold or a._tail_start(base, base + size) > newest,
+                 f"region {base:#x} keeps a releasable free tail of {tail} bytes")
+    _require(k == len(pieces), "a backend piece lies outside every region")
 
 
 def _check_caching(a, records, largest) -> None:

@@ -1,12 +1,14 @@
 """Capture the bundled PyTorch allocation traces in ``numba_bfc/traces/data/``.
 
-Each trace is the CPU allocator's allocation stream of one small, seeded,
+Each trace is the CPU allocator's allocation stream of one seeded,
 deterministic PyTorch workload (torch only), as ``capture_torch`` records it
 with ``torch.profiler`` (``profile_memory=True``). Everything a workload uses,
 model and optimizer included, is built inside the captured function and
 dropped at its end, so the trace is self-contained. Each workload runs once
 unprofiled first, so that any one-time lazy initialisation inside PyTorch
 stays out (with torch 2.13.0 the traces are the same without it).
+
+Three tiny workloads (a few MiB live; quick to replay, for tests):
 
 * ``cnn_train``: 8 Adam training steps of a 3-block conv net (conv, batch
   norm, ReLU; 16/32/64 channels) on batches of 16 random 3x32x32 images with
@@ -18,17 +20,47 @@ stays out (with torch 2.13.0 the traces are the same without it).
   8-token prompt, batch 4, by a 2-layer decoder (width 64, 4 heads) whose
   key/value cache grows by ``torch.cat`` of each new step, under no_grad.
 
+Five at GPU-like tensor sizes (hundreds of MiB live), for fragmentation:
+
+* ``resnet_train``: 4 SGD training steps (momentum 0.9, weight decay 5e-4)
+  of a ResNet-18-style net: a 3x3 stem (32 channels), then 4 stages of 2
+  basic blocks (conv-BN-ReLU-conv-BN plus identity, or a strided 1x1
+  conv-BN shortcut where the shape changes) with 32/64/128/256 channels,
+  stride 2 from the second stage on, global average pool and a linear layer;
+  batches of 32 random 3x64x64 images with 100 classes.
+* ``gpt_train``: 4 AdamW training steps (weight decay 0.1) of a GPT-style
+  causal language model: token embedding plus learned positions, 6 pre-norm
+  ``nn.TransformerEncoderLayer`` (width 384, 6 heads, feed-forward 1536,
+  GELU, dropout 0.1), final layer norm and an untied head; vocabulary 8192,
+  8 random sequences of 128 tokens.
+* ``lstm_train``: 4 Adam training steps of a language model: embedding 512,
+  a 2-layer ``nn.LSTM`` (hidden 768, dropout 0.2) and a linear head;
+  vocabulary 8192, 32 random sequences of 64 tokens.
+* ``mobilenet_infer``: inference (eval, no_grad) of a MobileNetV2 (width
+  1.0: 3x3 stride-2 stem, 17 inverted residual blocks of 1x1 expansion,
+  3x3 depthwise conv and 1x1 projection with BN and ReLU6, a 1280-channel
+  1x1 conv, pooling and a 1000-class linear layer) on 3 batches of 16 random
+  3x224x224 images.
+* ``generate_kv_large``: ``generate_kv`` at scale: 128 tokens after a
+  64-token prompt, batch 16, vocabulary 8192, 4 layers of width 1024 with
+  16 heads (feed-forward 4096).
+
 Event counts, peak live bytes (the most bytes allocated and not yet freed at
 once) and gzip sizes as captured with torch 2.13.0 (CPU build, one thread).
 No workload had a free of an unknown block to drop, nor a block never freed:
 
-=================== ====== ========== ============ ======
-trace               events allocs     peak live    file
-=================== ====== ========== ============ ======
-cnn_train            3,954  1,977     12,553,848 B ~20 kB
-transformer_train    8,866  4,433      5,370,296 B ~43 kB
-generate_kv          5,244  2,622        983,840 B ~26 kB
-=================== ====== ========== ============ ======
+=================== ====== ====== ============== =======
+trace               events allocs peak live      file
+=================== ====== ====== ============== =======
+cnn_train            3,954  1,977     12,553,848 B  ~20 kB
+transformer_train    8,866  4,433      5,370,296 B  ~43 kB
+generate_kv          5,244  2,622        983,840 B  ~26 kB
+resnet_train         5,888  2,944    333,086,040 B  ~33 kB
+gpt_train           12,698  6,349    598,060,924 B  ~67 kB
+lstm_train           1,584    792    660,889,908 B   ~9 kB
+mobilenet_infer      2,908  1,454    210,046,912 B  ~17 kB
+generate_kv_large   19,692  9,846    395,255,936 B ~116 kB
+=================== ====== ====== ============== =======
 
 File format (gzip text): the header ``op,id,size,stream,time``, then one row
 per event in order: ``a`` (alloc) or ``f`` (free), the allocation id (dense,
@@ -142,8 +174,136 @@ def generate_kv(new_tokens: int = 64, prompt: int = 8, batch: int = 4, vocab: in
             logits = step(embed(nxt))
 
 
+def resnet_train(steps: int = 4, batch: int = 32, size: int = 64, classes: int = 100,
+                 widths: tuple[int, ...] = (32, 64, 128, 256)) -> None:
+    """A few SGD-momentum steps of a small ResNet (basic blocks) on random images."""
+    torch.manual_seed(0)
+
+    def conv_bn(cin: int, cout: int, k: int, stride: int) -> nn.Sequential:
+        return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, bias=False),
+                             nn.BatchNorm2d(cout))
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.a = conv_bn(cin, cout, 3, stride)
+            self.b = conv_bn(cout, cout, 3, 1)
+            self.skip = (conv_bn(cin, cout, 1, stride) if stride != 1 or cin != cout
+                         else nn.Identity())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.relu(self.b(F.relu(self.a(x), inplace=True)) + self.skip(x), inplace=True)
+
+    layers: list[nn.Module] = [conv_bn(3, widths[0], 3, 1), nn.ReLU(inplace=True)]
+    cin = widths[0]
+    for i, w in enumerate(widths):
+        layers += [Block(cin, w, 1 if i == 0 else 2), Block(w, w, 1)]
+        cin = w
+    model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(cin, classes))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    for _ in range(steps):
+        x = torch.randn(batch, 3, size, size)
+        y = torch.randint(0, classes, (batch,))
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+
+def gpt_train(steps: int = 4, vocab: int = 8192, width: int = 384, heads: int = 6,
+              layers: int = 6, seq: int = 128, batch: int = 8) -> None:
+    """A few AdamW steps of a GPT-style causal language model (pre-norm encoder layers)."""
+    torch.manual_seed(0)
+    embed = nn.Embedding(vocab, width)
+    pos = nn.Parameter(torch.randn(seq, width) * 0.02)
+    layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=4 * width, dropout=0.1,
+                                       activation="gelu", batch_first=True, norm_first=True)
+    encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+    norm = nn.LayerNorm(width)
+    head = nn.Linear(width, vocab, bias=False)
+    params = [*embed.parameters(), pos, *encoder.parameters(), *norm.parameters(),
+              *head.parameters()]
+    opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1)
+    mask = nn.Transformer.generate_square_subsequent_mask(seq)
+    for _ in range(steps):
+        tokens = torch.randint(0, vocab, (batch, seq + 1))
+        opt.zero_grad(set_to_none=True)
+        h = norm(encoder(embed(tokens[:, :-1]) + pos, mask=mask, is_causal=True))
+        loss = F.cross_entropy(head(h).reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+
+
+def lstm_train(steps: int = 4, vocab: int = 8192, embed_dim: int = 512, hidden: int = 768,
+               seq: int = 64, batch: int = 32) -> None:
+    """A few Adam steps of a 2-layer LSTM language model."""
+    torch.manual_seed(0)
+    embed = nn.Embedding(vocab, embed_dim)
+    lstm = nn.LSTM(embed_dim, hidden, num_layers=2, dropout=0.2, batch_first=True)
+    head = nn.Linear(hidden, vocab)
+    params = [*embed.parameters(), *lstm.parameters(), *head.parameters()]
+    opt = torch.optim.Adam(params, lr=1e-3)
+    for _ in range(steps):
+        tokens = torch.randint(0, vocab, (batch, seq + 1))
+        opt.zero_grad(set_to_none=True)
+        h, _ = lstm(embed(tokens[:, :-1]))
+        loss = F.cross_entropy(head(h).reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+
+
+def mobilenet_infer(batches: int = 3, batch: int = 16, size: int = 224,
+                    classes: int = 1000) -> None:
+    """Inference of a MobileNetV2 (inverted residuals, depthwise convs) on random images."""
+    torch.manual_seed(0)
+
+    def cbr(cin: int, cout: int, k: int = 1, stride: int = 1, groups: int = 1,
+            act: bool = True) -> list[nn.Module]:
+        layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+                  nn.BatchNorm2d(cout)]
+        return layers + [nn.ReLU6(inplace=True)] if act else layers
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+            super().__init__()
+            mid = cin * expand
+            layers = cbr(cin, mid) if expand != 1 else []
+            layers += cbr(mid, mid, 3, stride, groups=mid) + cbr(mid, cout, act=False)
+            self.body = nn.Sequential(*layers)
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.body(x) if self.residual else self.body(x)
+
+    # (expansion, channels, repeats, first stride), as in MobileNetV2.
+    config = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+              (6, 160, 3, 2), (6, 320, 1, 1)]
+    layers: list[nn.Module] = cbr(3, 32, 3, 2)
+    cin = 32
+    for t, c, n, s in config:
+        for i in range(n):
+            layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+            cin = c
+    layers += cbr(cin, 1280) + [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2),
+                                nn.Linear(1280, classes)]
+    model = nn.Sequential(*layers).eval()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(batch, 3, size, size)).softmax(-1).argmax(-1)
+
+
+def generate_kv_large(new_tokens: int = 128, prompt: int = 64, batch: int = 16,
+                      vocab: int = 8192, width: int = 1024, heads: int = 16,
+                      layers: int = 4) -> None:
+    """``generate_kv`` at scale: greedy generation by a wide decoder with a growing KV cache."""
+    generate_kv(new_tokens, prompt, batch, vocab, width, heads, layers)
+
+
 WORKLOADS = {"cnn_train": cnn_train, "transformer_train": transformer_train,
-             "generate_kv": generate_kv}
+             "generate_kv": generate_kv, "resnet_train": resnet_train, "gpt_train": gpt_train,
+             "lstm_train": lstm_train, "mobilenet_infer": mobilenet_infer,
+             "generate_kv_large": generate_kv_large}
 
 
 def clean(events: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, int]]:

@@ -3,5 +3,6 @@
 from ._bfc_base import SharedCounter
 from .bfc import BFCAllocator
 from .caching import CachingAllocator
+from .compact import CompactAllocator
 
-__all__ = ["BFCAllocator", "CachingAllocator", "SharedCounter"]
+__all__ = ["BFCAllocator", "CachingAllocator", "CompactAllocator", "SharedCounter"]

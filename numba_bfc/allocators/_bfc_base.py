@@ -289,14 +289,18 @@ class BFCBase(PooledAllocator):
         if not increased:
             self._curr_region_bytes *= 2
         ptr, received = got
+        self._check_region(ptr, received, nbytes)
+        self._add_region(ptr, received)
+        return True
+
+    def _check_region(self, ptr: int, received: int, nbytes: int) -> None:
+        """Give back and refuse a region that breaks the backend contract."""
         if ptr <= 0 or ptr % MIN_ALLOCATION or received % MIN_ALLOCATION or received < nbytes:
             self._backend.free(ptr, received)
             raise RuntimeError(
                 f"backend returned region ({ptr:#x}, {received}): must be 256-byte aligned "
                 f"and a multiple of 256 of at least {nbytes} bytes"
             )
-        self._add_region(ptr, received)
-        return True
 
     def _release_free_regions(self, rounded: int) -> bool:
         candidates = self._free_regions()

@@ -66,6 +66,62 @@ def resolve_bfc_options(backend, **explicit) -> BFCOptions:
     )
 
 
+# ---------------------------------------------------------------------- compact policy
+COMPACT_CONF_KEYS = {
+    "memory_limit": parse_size,
+    "page_size": parse_size,
+    "release_threshold": parse_size,
+    "small_size": parse_size,
+    "name": parse_str,
+}
+DEFAULT_SMALL_SIZE = 1 << 20  # requests below go to the small space, when there is one
+DEFAULT_PAGE_SIZE = 2 << 20  # CUDA's usual virtual-memory granularity
+
+
+@dataclass(frozen=True)
+class CompactOptions:
+    memory_limit: int
+    page_size: int
+    release_threshold: int
+    small_size: int
+    name: str
+
+
+def resolve_compact_options(backend, **explicit) -> CompactOptions:
+    """Merge explicit arguments (not None) over ``NUMBA_BFC_CONF`` over defaults.
+
+    ``page_size`` defaults to the backend's ``granularity`` when it has one of
+    at least 256 bytes, else 2 MiB; ``release_threshold`` to 0 (give free
+    tails back only on ``empty_cache()`` and before an out-of-memory error).
+    """
+    merged = dict(conf_from_env(COMPACT_CONF_KEYS))
+    merged.update({k: v for k, v in explicit.items() if v is not None})
+    limit = merged.get("memory_limit")
+    if limit is None:
+        limit = backend.total_memory()
+        if limit is None:
+            raise ValueError(
+                "memory_limit is required: the backend has no capacity to default to")
+    limit = parse_size(limit, name="memory_limit")
+    if limit <= 0 or limit >= 1 << 62:
+        raise ValueError(f"memory_limit must be in (0, 2**62), got {limit}")
+    page = merged.get("page_size")
+    if page is None:
+        granularity = int(getattr(backend, "granularity", 0) or 0)
+        page = granularity if granularity >= 256 else DEFAULT_PAGE_SIZE
+    page = parse_size(page, name="page_size")
+    if page < 256 or page & (page - 1):
+        raise ValueError(f"page_size must be a power of two of at least 256 bytes, got {page}")
+    threshold = merged.get("release_threshold")
+    threshold = 0 if threshold is None else parse_size(threshold, name="release_threshold")
+    if threshold < 0:
+        raise ValueError(f"release_threshold must be >= 0 (0: never), got {threshold}")
+    small = parse_size(merged.get("small_size", DEFAULT_SMALL_SIZE), name="small_size")
+    return CompactOptions(memory_limit=limit, page_size=page, release_threshold=threshold,
+                          small_size=small,
+                          name=parse_str(merged.get("name", "compact"), name="name"))
+
+
 # ---------------------------------------------------------------------- caching policy
 _MIB = 1 << 20
 _MAX_SPLIT_MIN_MB = 20  # PyTorch: max_split_size_mb must exceed kLargeBuffer (20 MiB)
@@ -156,6 +212,7 @@ CACHING_CONF_KEYS = {
 }
 register_conf_keys(BFC_CONF_KEYS)
 register_conf_keys(CACHING_CONF_KEYS)
+register_conf_keys(COMPACT_CONF_KEYS)
 register_conf_keys(PLUGIN_CONF_KEYS)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import InvalidPointerError, OutOfMemoryError
 from ..kernels import layout as L
 from ..kernels.ptrmap import map_lookup, map_rehash
-from ..policies.batch import FAILED, sample_usage
+from ..policies.batch import FAILED, RELEASE_DUE, sample_usage
 from ..policies.batch import run_batch as _run_batch_kernel
 from . import _report
 from ._validate import check_alignment
@@ -30,6 +30,7 @@ class TableStore:
     caller holds ``self._lock`` for every method but ``run_batch``."""
 
     _POLICY: int
+    _POOL_NAMES_BLOCKS = True  # records show a fixed-bin region's bin for in-use blocks too
     _IN_USE_SLOT: int  # the state slot counting bytes in use (policy's definition)
 
     def _grow_tables(self) -> None:
@@ -44,6 +45,15 @@ class TableStore:
             self._regions = L.grow_regions(self._regions)
         if st[L.S_TSQ_COUNT] >= self._tsq.shape[0]:
             self._tsq = L.grow_queue(self._tsq, st)
+
+    def _grow_for(self, n: int, alignment: int) -> bool:
+        """Grow the pool so that the kernel can serve ``n`` bytes when it
+        retries; False leaves the request to ``_serve_not_found``."""
+        return False
+
+    def _serve_release_due(self) -> None:
+        """Give a free region tail back (policies whose kernels ask for it)."""
+        raise NotImplementedError
 
     def _until_room(self, kernel, *args) -> int:
         """Call ``kernel(*args)`` on the tables, growing them until it has room."""
@@ -68,9 +78,12 @@ class TableStore:
         rec["size"] = rows["size"]
         rec["in_use"] = rows["allocation_id"] != -1
         rec["requested_size"] = np.where(rec["in_use"], rows["requested_size"], 0)
-        # A region with a fixed bin (a caching pool) names it for every block.
-        pool = self._regions["bin"][rows["region"]]
-        rec["bin"] = np.where(pool >= 0, pool, rows["bin"])
+        if self._POOL_NAMES_BLOCKS:
+            # A region with a fixed bin (a caching pool) names it for every block.
+            pool = self._regions["bin"][rows["region"]]
+            rec["bin"] = np.where(pool >= 0, pool, rows["bin"])
+        else:
+            rec["bin"] = rows["bin"]
         rec["allocation_id"] = rows["allocation_id"]
         rec["freed_at_count"] = np.where(rec["in_use"], 0, rows["freed_at_count"])
         return rec
@@ -149,6 +162,7 @@ class TableStore:
         The caller holds the lock."""
         i = start
         in_use = self._IN_USE_SLOT
+        grown_at = -1
         while True:
             i, code = _run_batch_kernel(self._POLICY, self._chunks, self._bins, self._regions,
                                         self._pmap, self._state, ops, ids, sizes, alignment,
@@ -158,10 +172,18 @@ class TableStore:
             if code == L.NEED_ROWS:
                 self._grow_tables()
                 continue
+            if code == RELEASE_DUE:
+                self._serve_release_due()
+                if stride > 0:
+                    sample_usage(series, stride, i - 1, self._state, in_use)
+                continue
             if code != L.NOT_FOUND:
                 raise InvalidPointerError(
                     f"{self._name}: batch operation {i} frees id {int(ids[i])}, which is "
                     "not live in this batch", ptr=0, kind="unknown")
+            if i != grown_at and self._grow_for(int(sizes[i]), alignment):
+                grown_at = i  # the kernel retries; a second miss takes the slow path
+                continue
             try:
                 p = self._serve_not_found(int(sizes[i]), alignment)
             except OutOfMemoryError as e:

@@ -27,6 +27,7 @@ __all__ = ["BFCAllocator"]
 
 _ALLOCATE = Kernel(bfc_allocate)
 _DEALLOCATE = Kernel(bfc_deallocate)
+_ADD_REGION = Kernel(add_region)
 
 
 class BFCAllocator(TableStore, BFCBase):
@@ -69,7 +70,7 @@ class BFCAllocator(TableStore, BFCBase):
         super().__init__(backend, memory_limit, allow_growth, garbage_collection,
                          fragmentation_fraction, name)
         (self._chunks, self._bins, self._regions, self._pmap, self._state,
-         self._tsq) = L.new_tables(NUM_BINS, MIN_ALLOCATION)
+         self._tsq) = L.new_tables(self._NUM_BINS, MIN_ALLOCATION, state_size=self._STATE_SIZE)
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
 
     # Fast paths: one kernel call each; everything unusual goes to BFCBase.
@@ -81,8 +82,8 @@ class BFCAllocator(TableStore, BFCBase):
             return super().allocate_raw(num_bytes, alignment, attributes,
                                         freed_before=freed_before)
         with self._lock:
-            p = _ALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap, self._state,
-                               num_bytes, MIN_ALLOCATION, 0)
+            p = self._ALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
+                                    self._state, num_bytes, MIN_ALLOCATION, 0)
             if p > 0:
                 return p
             if p == L.NEED_ROWS:
@@ -96,13 +97,17 @@ class BFCAllocator(TableStore, BFCBase):
                 or self._timing_counter is not None):
             return super().deallocate_raw(ptr)
         with self._lock:
-            if _DEALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
-                                self._state, ptr) < 0:
+            if self._DEALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
+                                     self._state, ptr) < 0:
                 raise self._invalid_pointer(ptr)
 
     # ------------------------------------------------------------------ chunk store
     _POLICY = BFC_POLICY
     _IN_USE_SLOT = L.S_BYTES_IN_USE
+    _STATE_SIZE = L.STATE_SIZE
+    _NUM_BINS = NUM_BINS
+    _ALLOCATE = _ALLOCATE
+    _DEALLOCATE = _DEALLOCATE
 
     def _batch_alignment(self, alignment: int) -> int:
         return alignment
@@ -121,12 +126,12 @@ class BFCAllocator(TableStore, BFCBase):
         return self._allocate_slow(n, alignment, 0)
 
     def _try_allocate(self, n: int, alignment: int, freed_before: int) -> int:
-        p = self._until_room(_ALLOCATE.call, n, alignment, freed_before)
+        p = self._until_room(self._ALLOCATE.call, n, alignment, freed_before)
         return p if p > 0 else 0
 
-    def _add_region(self, ptr: int, size: int) -> None:
-        while add_region(self._chunks, self._bins, self._regions, self._state, ptr, size,
-                         self._coalesce_regions, L.NO_HANDLE) == L.NEED_ROWS:
+    def _add_region(self, ptr: int, size: int, pool_bin: int = L.NO_HANDLE) -> None:
+        while _ADD_REGION.call(self._chunks, self._bins, self._regions, self._state, ptr, size,
+                               self._coalesce_regions, pool_bin) == L.NEED_ROWS:
             self._grow_tables()
 
     def _deallocate_chunk(self, ptr: int, count: int) -> bool:
@@ -135,8 +140,8 @@ class BFCAllocator(TableStore, BFCBase):
                 r = bfc_deallocate_timestamped(self._chunks, self._bins, self._regions,
                                                self._pmap, self._state, self._tsq, ptr, count)
             else:
-                r = _DEALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
-                                     self._state, ptr)
+                r = self._DEALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
+                                          self._state, ptr)
             if r != L.NEED_ROWS:
                 return r > 0
             self._grow_tables()
@@ -169,6 +174,9 @@ class BFCAllocator(TableStore, BFCBase):
             "pool_bytes": int(st[L.S_POOL_BYTES]),
             "peak_pool_bytes": int(st[L.S_PEAK_POOL_BYTES]),
         }
+
+    def _usage(self) -> tuple[int, int]:
+        return int(self._state[L.S_BYTES_IN_USE]), int(self._state[L.S_POOL_BYTES])
 
     def _clear_counters(self) -> None:
         st = self._state

@@ -5,10 +5,15 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from sortedcontainers import SortedDict
 
 from .base import SubAllocator
 
 __all__ = ["HostSubAllocator"]
+
+
+def _align_up(x: int, a: int) -> int:
+    return (x + a - 1) & ~(a - 1)
 
 
 class HostSubAllocator(SubAllocator):
@@ -18,28 +23,50 @@ class HostSubAllocator(SubAllocator):
     ----------
     capacity : int, optional
         Most bytes held at once (default: unbounded, limited by the machine).
+    contiguous : bool
+        If True, regions are carved one after another out of one buffer of
+        ``capacity`` bytes (required), like pages mapped into a reserved CUDA
+        virtual range: a region starts where the highest live one ends, and
+        ``supports_coalescing`` is True. The buffer is allocated, not touched,
+        up front, so untouched pages cost the machine nothing.
 
     Notes
     -----
     ``view(ptr, nbytes)`` returns a writable ``uint8`` array over memory the
     backend handed out, so tests can fill allocations with patterns and verify
-    them after churn. Regions are never adjacent, so ``supports_coalescing`` is
-    False.
+    them after churn. Separate regions are never adjacent, so
+    ``supports_coalescing`` is False unless ``contiguous``.
     """
 
     supports_coalescing = False
     host_accessible = True
 
-    def __init__(self, capacity: int | None = None) -> None:
+    def __init__(self, capacity: int | None = None, contiguous: bool = False) -> None:
         super().__init__()
         if capacity is not None and capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self.capacity = capacity
         self._buffers: dict[int, tuple[np.ndarray, int]] = {}
+        self.contiguous = bool(contiguous)
+        self.supports_coalescing = self.contiguous
+        if self.contiguous:
+            if not capacity:
+                raise ValueError("a contiguous HostSubAllocator needs a capacity > 0")
+            # 2 MiB of slack so the arena itself can start page-aligned.
+            self._arena = np.empty(capacity + (2 << 20), dtype=np.uint8)
+            self._arena_base = _align_up(self._arena.ctypes.data, 2 << 20)
+            self._pieces: SortedDict = SortedDict()  # start -> end
 
     def _alloc(self, nbytes: int, alignment: int) -> tuple[int, int] | None:
         if self.capacity is not None and self.bytes_held + nbytes > self.capacity:
             return None
+        if self.contiguous:
+            top = self._pieces.peekitem(-1)[1] if self._pieces else self._arena_base
+            ptr = _align_up(top, alignment)
+            if ptr + nbytes > self._arena_base + self.capacity:
+                return None
+            self._pieces[ptr] = ptr + nbytes
+            return ptr, nbytes
         try:
             raw = np.empty(nbytes + alignment, dtype=np.uint8)
         except MemoryError:
@@ -51,13 +78,37 @@ class HostSubAllocator(SubAllocator):
         return ptr, nbytes
 
     def _free(self, ptr: int, nbytes: int) -> None:
+        if self.contiguous:
+            # A run of adjacent pieces, as a coalescing allocator frees them.
+            pos, run = ptr, []
+            while pos < ptr + nbytes and pos in self._pieces:
+                run.append(pos)
+                pos = self._pieces[pos]
+            if not run or pos != ptr + nbytes:
+                raise ValueError(f"free({ptr:#x}, {nbytes}): not a run of regions of this backend")
+            for start in run:
+                del self._pieces[start]
+            return
         entry = self._buffers.get(ptr)
         if entry is None or entry[1] != nbytes:
             raise ValueError(f"free({ptr:#x}, {nbytes}): not a region of this backend")
         del self._buffers[ptr]
 
     def view(self, ptr: int, nbytes: int) -> np.ndarray:
-        """A writable ``uint8`` view of ``nbytes`` at ``ptr`` inside one live region."""
+        """A writable ``uint8`` view of ``nbytes`` at ``ptr`` inside live memory
+        (one region, or adjacent regions of a contiguous backend)."""
+        if self.contiguous:
+            pos = ptr
+            i = self._pieces.bisect_right(ptr) - 1
+            if i >= 0:
+                for start, end in self._pieces.items()[i:]:
+                    if start > pos or pos >= ptr + nbytes:
+                        break
+                    pos = end
+            if pos < ptr + nbytes or i < 0:
+                raise ValueError(f"[{ptr:#x}, +{nbytes}) is not inside live regions")
+            start = ptr - self._arena.ctypes.data
+            return self._arena[start : start + nbytes]
         for base, (raw, size) in self._buffers.items():
             if base <= ptr and ptr + nbytes <= base + size:
                 start = ptr - raw.ctypes.data

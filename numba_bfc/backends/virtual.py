@@ -38,6 +38,9 @@ class VirtualSubAllocator(SubAllocator):
         ``cuMemGetAllocationGranularity`` would impose).
     fail_if : callable, optional
         Failure injection: ``fail_if(nbytes) -> bool``; True makes that call fail.
+    base : int, optional
+        Lowest address handed out (default 2**40); give two spaces that one
+        allocator uses together different bases, e.g. ``base=2**44``.
 
     Notes
     -----
@@ -50,8 +53,11 @@ class VirtualSubAllocator(SubAllocator):
         contiguous: bool = False,
         granularity: int = 1,
         fail_if: Callable[[int], bool] | None = None,
+        base: int = _BASE_ADDRESS,
     ) -> None:
         super().__init__()
+        if base <= 0 or base % (1 << 12) or base >= 1 << 60:
+            raise ValueError(f"base must be a multiple of 4096 in (0, 2**60), got {base}")
         if capacity is not None and capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         if granularity <= 0:
@@ -65,7 +71,8 @@ class VirtualSubAllocator(SubAllocator):
         # start -> end of every mapped range (adjacent ranges kept separate so a
         # free of a union of them can be checked piece by piece).
         self._mapped: SortedDict = SortedDict()
-        self._top = _BASE_ADDRESS
+        self._base = int(base)
+        self._top = self._base
 
     def fail_next(self, n: int = 1) -> None:
         """Make the next ``n`` ``alloc`` calls fail."""
@@ -105,7 +112,7 @@ class VirtualSubAllocator(SubAllocator):
         for p in pieces:
             del self._mapped[p]
         # Let a contiguous space shrink back, as unmapping the tail of a VMM range does.
-        self._top = self._mapped.peekitem(-1)[1] if self._mapped else _BASE_ADDRESS
+        self._top = self._mapped.peekitem(-1)[1] if self._mapped else self._base
 
     def mapped_ranges(self) -> list[tuple[int, int]]:
         """``[(start, size), ...]`` of every live range, in address order."""

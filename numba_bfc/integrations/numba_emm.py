@@ -71,7 +71,7 @@ __all__ = [
 
 _log = logging.getLogger("numba_bfc")
 
-POLICIES = ("bfc", "caching")
+POLICIES = ("bfc", "caching", "compact")
 BACKENDS = ("plain", "virtual")
 # Keys this plugin reads from NUMBA_BFC_CONF; the allocators read the others.
 PLUGIN_CONF_KEYS = {"policy": parse_str, "backend": parse_str}
@@ -180,6 +180,8 @@ class _TrackedBackend(SubAllocator):
         self.supports_coalescing = bool(inner.supports_coalescing)
         self.host_accessible = bool(inner.host_accessible)
         self.capacity = inner.capacity
+        if getattr(inner, "granularity", None):
+            self.granularity = inner.granularity  # the compact policy's page size
         self._granted: SortedDict = SortedDict()
 
     def total_memory(self) -> int | None:
@@ -224,6 +226,10 @@ def _device_memory_info(backend: SubAllocator) -> tuple[int, int]:
 def _policy_class(policy: str) -> type:
     if policy == "bfc":
         return BFCAllocator
+    if policy == "compact":
+        from ..allocators.compact import CompactAllocator
+
+        return CompactAllocator
     try:
         from ..allocators.caching import CachingAllocator
     except ImportError as e:
@@ -256,8 +262,9 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         The context this manager serves. ``None`` only for the throw-away
         instance ``set_memory_manager`` makes to read ``interface_version``;
         such an instance touches no driver and allocates nothing.
-    policy : {"bfc", "caching"}, optional
-        ``BFCAllocator`` (TensorFlow) or ``CachingAllocator`` (PyTorch).
+    policy : {"bfc", "caching", "compact"}, optional
+        ``BFCAllocator`` (TensorFlow), ``CachingAllocator`` (PyTorch) or
+        ``CompactAllocator`` (smallest footprint).
         Default: ``NUMBA_BFC_CONF`` key ``policy``, else ``"bfc"``.
     backend : {"plain", "virtual"} or SubAllocator or callable, optional
         ``"plain"``: ``CudaSubAllocator`` (``cuMemAlloc`` regions; IPC works);
@@ -265,13 +272,17 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         regions coalesce; no IPC). A ``SubAllocator`` instance is used as is
         (tests, simulations: one context only); a callable is called as
         ``backend(context)`` for each context. Default: ``NUMBA_BFC_CONF`` key
-        ``backend``, else ``"plain"``.
+        ``backend``, else ``"virtual"`` for ``compact`` and ``"plain"`` otherwise.
+        The compact policy's small space gets a second backend of the same
+        spec (a second reserved range, or a second call of the callable); with
+        an instance it has one space unless ``small_backend`` is given.
     va_size : int, optional
         Address space the virtual backend reserves (default: device memory).
     **allocator_options
         Passed to the policy's constructor (e.g. ``memory_limit``,
         ``allow_growth``, ``garbage_collection`` for BFC; ``max_split_size``,
-        ``roundup_power2_divisions`` for caching). Options not given are read by
+        ``roundup_power2_divisions`` for caching; ``page_size``,
+        ``release_threshold`` for compact). Options not given are read by
         the allocator from ``NUMBA_BFC_CONF``.
 
     Notes
@@ -297,7 +308,9 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         env = conf_from_env(PLUGIN_CONF_KEYS)
         self.policy = _check_choice(opts.pop("policy", env.get("policy", "bfc")), POLICIES,
                                     "policy")
-        spec = opts.pop("backend", env.get("backend", "plain"))
+        # The compact policy needs one contiguous space: CUDA virtual memory.
+        default_backend = "virtual" if self.policy == "compact" else "plain"
+        spec = opts.pop("backend", env.get("backend", default_backend))
         if isinstance(spec, str):
             spec = _check_choice(spec, BACKENDS, "backend")
         elif not (isinstance(spec, SubAllocator) or callable(spec)):
@@ -319,6 +332,7 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         self._defer_depth = 0
         self._allocator: Any = None
         self._tracked: _TrackedBackend | None = None
+        self._all_tracked: list[tuple[_TrackedBackend, bool]] = []  # (backend, owned)
         self._owns_backend = False
         self._ctx_ref = None if context is None else _weak(context)
 
@@ -413,14 +427,16 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         with self._lock:
             self._generation += 1
             self._pending.clear()
-            tracked, owned = self._tracked, self._owns_backend
+            all_tracked = self._all_tracked
             self._allocator = None
             self._tracked = None
+            self._all_tracked = []
             try:
-                if tracked is not None and not _drv.utils.shutting_down():
-                    tracked.release_all()
-                    if owned and hasattr(tracked.inner, "close"):
-                        tracked.inner.close()
+                if not _drv.utils.shutting_down():
+                    for tracked, owned in all_tracked:
+                        tracked.release_all()
+                        if owned and hasattr(tracked.inner, "close"):
+                            tracked.inner.close()
             finally:
                 super().reset()
 
@@ -498,29 +514,43 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
             raise RuntimeError(
                 "numba_bfc: this memory manager has no CUDA context (it was created with "
                 "context=None, as set_memory_manager() does to check the interface version)")
+        options = dict(self._allocator_options)
+        inner, owned = self._new_backend()
+        made = [inner] if owned else []
+        try:
+            tracked = [_TrackedBackend(inner)]
+            small = options.pop("small_backend", None)
+            if small is None and self.policy == "compact" and owned:
+                # The compact policy's small space: a second range of the same kind.
+                small = self._new_backend()[0]
+                made.append(small)
+            if small is not None:
+                tracked.append(_TrackedBackend(small))
+                options["small_backend"] = tracked[1]
+            alloc = self._policy_cls(tracked[0], **options)
+        except BaseException:
+            for backend in made:
+                if hasattr(backend, "close"):
+                    backend.close()
+            raise
+        self._tracked, self._owns_backend, self._allocator = tracked[0], owned, alloc
+        self._all_tracked = [(t, t.inner in made) for t in tracked]
+        return alloc
+
+    def _new_backend(self) -> tuple[SubAllocator, bool]:
+        """A backend for this context from the spec, and whether the plugin owns it."""
         spec = self._backend_spec
         if spec == "plain":
             from ..backends.cuda import CudaSubAllocator
 
-            inner, owned = CudaSubAllocator(context=self.context), True
-        elif spec == "virtual":
+            return CudaSubAllocator(context=self.context), True
+        if spec == "virtual":
             from ..backends.cuda import CudaVirtualSubAllocator
 
-            inner = CudaVirtualSubAllocator(context=self.context, va_size=self._va_size)
-            owned = True
-        elif isinstance(spec, SubAllocator):
-            inner, owned = spec, False
-        else:
-            inner, owned = spec(self.context), True
-        tracked = _TrackedBackend(inner)
-        try:
-            alloc = self._policy_cls(tracked, **self._allocator_options)
-        except BaseException:
-            if owned and hasattr(inner, "close"):
-                inner.close()
-            raise
-        self._tracked, self._owns_backend, self._allocator = tracked, owned, alloc
-        return alloc
+            return CudaVirtualSubAllocator(context=self.context, va_size=self._va_size), True
+        if isinstance(spec, SubAllocator):
+            return spec, False
+        return spec(self.context), True
 
     def _drain_locked(self) -> int:
         """Return queued blocks to the pool; entries of earlier generations are dropped."""
@@ -552,9 +582,9 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         if hasattr(alloc, "deallocate_free_regions"):
             return bool(alloc.deallocate_free_regions(nbytes))
         if hasattr(alloc, "empty_cache"):
-            held = self._tracked.bytes_held
+            held = sum(t.bytes_held for t, _ in self._all_tracked)
             alloc.empty_cache()
-            return self._tracked.bytes_held < held
+            return sum(t.bytes_held for t, _ in self._all_tracked) < held
         return False
 
     def _allocate_locked(self, size: int) -> int:

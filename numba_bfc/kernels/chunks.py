@@ -204,6 +204,7 @@ def add_region(chunks, bins, regions, state, ptr, size, coalesce, pool_bin):
         chunks[last]["next"] = h
         regions[r]["size"] += size
         regions[r]["last"] = h
+    regions[r]["last_piece"] = ptr
     chunks[h]["ptr"] = ptr
     chunks[h]["size"] = size
     chunks[h]["region"] = r
@@ -254,6 +255,40 @@ def remove_region(chunks, bins, regions, state, r):
     regions[r]["last"] = NO_HANDLE
     regions[r]["bin"] = NO_HANDLE
     return size
+
+
+@njit(cache=True)
+def free_tail_start(chunks, regions, r):
+    """Address of region ``r``'s last chunk if it could go back to the backend
+    (free, binned and not waiting on a timing count), else the region's end."""
+    h = regions[r]["last"]
+    if (chunks[h]["allocation_id"] != -1 or chunks[h]["bin"] == NO_HANDLE
+            or chunks[h]["freed_at_count"] != 0):
+        return regions[r]["base"] + regions[r]["size"]
+    return chunks[h]["ptr"]
+
+
+@njit(cache=True)
+def trim_region(chunks, bins, regions, state, r, new_end, last_piece):
+    """Cut region ``r`` back to end at ``new_end``, inside its free last chunk
+    and above its first byte; ``last_piece`` becomes the region's newest piece.
+    Returns the bytes cut."""
+    h = regions[r]["last"]
+    end = regions[r]["base"] + regions[r]["size"]
+    cut = end - new_end
+    remove_free(chunks, bins, h)
+    if new_end == chunks[h]["ptr"]:
+        prv = chunks[h]["prev"]
+        chunks[prv]["next"] = NO_HANDLE
+        regions[r]["last"] = prv
+        release_row(chunks, state, h)
+    else:
+        chunks[h]["size"] -= cut
+        insert_free(chunks, bins, regions, state, h)
+    regions[r]["size"] -= cut
+    regions[r]["last_piece"] = last_piece
+    state[S_POOL_BYTES] -= cut
+    return cut
 
 
 @njit(cache=True)

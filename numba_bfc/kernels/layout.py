@@ -27,9 +27,11 @@ the bin holds), ``root`` (root handle of its ordered free set, -1 if empty),
 
 Region table (``REGION_DTYPE``), one row per backend region (``size == 0``
 marks an unused row): ``base``, ``size``, ``first`` and ``last`` chunk handles,
-and ``bin``: -1 when free chunks go to the bin for their size (BFC), else the
+``bin``: -1 when free chunks go to the bin for their size (BFC), else the
 one bin every free chunk of the region goes to (the caching policy's pools,
-where a block's pool is fixed by its segment, not by its size).
+where a block's pool is fixed by its segment, not by its size), and
+``last_piece``: where the newest backend allocation merged into the region
+starts (the compact policy can give back only whole backend allocations).
 
 Pointer map: ``int64[cap, 2]`` open-addressing hash table ``(ptr, handle)`` of
 in-use chunks (key 0 = empty slot), so pointer -> chunk is O(1) and host
@@ -77,6 +79,7 @@ REGION_DTYPE = np.dtype(
         ("first", np.int64),
         ("last", np.int64),
         ("bin", np.int64),
+        ("last_piece", np.int64),
     ]
 )
 

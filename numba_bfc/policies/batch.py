@@ -7,9 +7,15 @@ from numba import njit
 from ..kernels.layout import INVALID_POINTER, S_POOL_BYTES
 from .bfc import bfc_allocate, bfc_deallocate
 from .caching import caching_allocate, caching_deallocate
+from .compact import S_RELEASE_DUE, compact_allocate, compact_deallocate
 
 BFC_POLICY = 0
 CACHING_POLICY = 1
+COMPACT_POLICY = 2
+
+#: ``run_batch`` code: the operation before the returned index freed memory
+#: at the end of a region that the façade should give back to the backend.
+RELEASE_DUE = -4
 
 #: ``id_ptr`` value of an allocation the façade could not serve (a replay goes
 #: on past it); its free is skipped.
@@ -31,15 +37,17 @@ def sample_usage(series, stride, i, state, in_use_slot):
 @njit(cache=True)
 def run_batch(policy, chunks, bins, regions, pmap, state, ops, ids, sizes, alignment,
               id_ptr, out, start, stop, series, stride, in_use_slot):
-    """Run operations ``start..stop-1`` of a batch under ``policy`` (``BFC_POLICY``
-    or ``CACHING_POLICY``).
+    """Run operations ``start..stop-1`` of a batch under ``policy`` (``BFC_POLICY``,
+    ``CACHING_POLICY`` or ``COMPACT_POLICY``).
 
     ``ops[i]`` is 0 (allocate ``sizes[i]`` bytes for id ``ids[i]``) or 1 (free
     id ``ids[i]``); ``id_ptr`` maps ids to live addresses (-1: not live, 0: a
     zero-byte allocation) and ``out[i]`` receives the address each allocation
     got. Stops at the first operation the kernel cannot finish alone and
     returns ``(index, code)``: ``NEED_ROWS`` or ``NOT_FOUND`` (the façade grows
-    or extends and resumes at ``index``), or ``INVALID_POINTER``. Returns
+    or extends and resumes at ``index``), ``INVALID_POINTER``, or
+    ``RELEASE_DUE`` (operation ``index - 1`` was done but not sampled; the
+    façade gives the free tail back, samples, and resumes at ``index``). Returns
     ``(stop, 0)`` when done. A free of an id whose ``id_ptr`` is ``FAILED``
     is skipped. With ``stride > 0``, row ``i // stride`` of ``series`` keeps
     the most bytes in use (``state[in_use_slot]``) and reserved after any
@@ -51,8 +59,11 @@ def run_batch(policy, chunks, bins, regions, pmap, state, ops, ids, sizes, align
             if sizes[i] != 0:
                 if policy == BFC_POLICY:
                     p = bfc_allocate(chunks, bins, regions, pmap, state, sizes[i], alignment, 0)
-                else:
+                elif policy == CACHING_POLICY:
                     p = caching_allocate(chunks, bins, regions, pmap, state, sizes[i])
+                else:
+                    p = compact_allocate(chunks, bins, regions, pmap, state, sizes[i],
+                                         alignment, 0)
                 if p < 0:
                     return i, p
             id_ptr[ids[i]] = p
@@ -65,11 +76,15 @@ def run_batch(policy, chunks, bins, regions, pmap, state, ops, ids, sizes, align
             if p > 0:
                 if policy == BFC_POLICY:
                     r = bfc_deallocate(chunks, bins, regions, pmap, state, p)
-                else:
+                elif policy == CACHING_POLICY:
                     r = caching_deallocate(chunks, bins, regions, pmap, state, p)
+                else:
+                    r = compact_deallocate(chunks, bins, regions, pmap, state, p)
                 if r < 0:
                     return i, r
             id_ptr[ids[i]] = -1
+            if policy == COMPACT_POLICY and state[S_RELEASE_DUE] != 0:
+                return i + 1, RELEASE_DUE  # the façade samples after giving back
         if stride > 0:
             sample_usage(series, stride, i, state, in_use_slot)
     return stop, 0

@@ -48,6 +48,23 @@ def alignment_padding(ptr, alignment, quantum):
 
 
 @njit(cache=True)
+def fit_in_tree(chunks, root, rounded, alignment, quantum, freed_before):
+    """First chunk in ``(size, ptr)`` order of one ordered free set that holds
+    ``rounded`` bytes after alignment padding (in ``quantum`` units) and is not
+    tagged later than ``freed_before``. Returns a handle or -1."""
+    h = tree_lower_bound(chunks, root, rounded)
+    while h != NO_HANDLE:
+        if freed_before > 0 and freed_before < chunks[h]["freed_at_count"]:
+            h = tree_successor(chunks, h)
+            continue
+        pad = alignment_padding(chunks[h]["ptr"], alignment, quantum)
+        if chunks[h]["size"] >= rounded + pad:
+            return h
+        h = tree_successor(chunks, h)
+    return NO_HANDLE
+
+
+@njit(cache=True)
 def find_fit(chunks, bins, state, rounded, alignment, freed_before):
     """Best fit: first chunk in ``(size, ptr)`` order, from the request's bin up,
     that holds ``rounded`` bytes after alignment padding and is not tagged later
@@ -58,15 +75,9 @@ def find_fit(chunks, bins, state, rounded, alignment, freed_before):
     for b in range(bin_for_size(rounded, quantum, nbins), nbins):
         if bins[b]["num_chunks"] == 0:
             continue
-        h = tree_lower_bound(chunks, bins[b]["root"], rounded)
-        while h != NO_HANDLE:
-            if freed_before > 0 and freed_before < chunks[h]["freed_at_count"]:
-                h = tree_successor(chunks, h)
-                continue
-            pad = alignment_padding(chunks[h]["ptr"], alignment, quantum)
-            if chunks[h]["size"] >= rounded + pad:
-                return h
-            h = tree_successor(chunks, h)
+        h = fit_in_tree(chunks, bins[b]["root"], rounded, alignment, quantum, freed_before)
+        if h != NO_HANDLE:
+            return h
     return NO_HANDLE
 
 
@@ -78,20 +89,11 @@ def should_split(size, rounded, max_internal_fragmentation):
 
 
 @njit(cache=True)
-def bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed_before):
-    """Serve ``num_bytes`` (> 0) from the free chunks.
-
-    Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
-    nothing has changed.
-    """
-    if not room_for_operation(pmap, state):
-        return NEED_ROWS
+def take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignment):
+    """Hand out free chunk ``h`` for ``num_bytes`` (TF's ``AllocateChunkFromLowEnd``
+    + ``FinishChunkAllocation``): split off alignment padding before it and,
+    by the split rule, the remainder after it. Returns the address."""
     quantum = state[S_MIN_ALLOCATION]
-    rounded = round_up(num_bytes, quantum)
-    alignment = max(alignment, quantum)
-    h = find_fit(chunks, bins, state, rounded, alignment, freed_before)
-    if h == NO_HANDLE:
-        return NOT_FOUND
     remove_free(chunks, bins, h)
     pad = alignment_padding(chunks[h]["ptr"], alignment, quantum)
     if pad > 0:
@@ -115,6 +117,24 @@ def bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed
 
 
 @njit(cache=True)
+def bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed_before):
+    """Serve ``num_bytes`` (> 0) from the free chunks.
+
+    Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
+    nothing has changed.
+    """
+    if not room_for_operation(pmap, state):
+        return NEED_ROWS
+    quantum = state[S_MIN_ALLOCATION]
+    rounded = round_up(num_bytes, quantum)
+    alignment = max(alignment, quantum)
+    h = find_fit(chunks, bins, state, rounded, alignment, freed_before)
+    if h == NO_HANDLE:
+        return NOT_FOUND
+    return take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignment)
+
+
+@njit(cache=True)
 def _mark_free(chunks, pmap, state, ptr, freed_at_count):
     h = map_remove(pmap, state, ptr)
     if h == NO_HANDLE:
@@ -126,15 +146,23 @@ def _mark_free(chunks, pmap, state, ptr, freed_at_count):
 
 
 @njit(cache=True)
-def bfc_deallocate(chunks, bins, regions, pmap, state, ptr):
-    """Free the allocation at ``ptr`` and coalesce; returns its size or ``INVALID_POINTER``."""
+def free_and_coalesce(chunks, bins, regions, pmap, state, ptr):
+    """Free the allocation at ``ptr``, coalesce and bin it; returns ``(size,
+    handle)``: its size and the free chunk it ended up in, or
+    ``(INVALID_POINTER, -1)``."""
     h = _mark_free(chunks, pmap, state, ptr, 0)
     if h == NO_HANDLE:
-        return INVALID_POINTER
+        return INVALID_POINTER, NO_HANDLE
     size = chunks[h]["size"]
     h = try_to_coalesce(chunks, bins, regions, state, h, False)
     insert_free(chunks, bins, regions, state, h)
-    return size
+    return size, h
+
+
+@njit(cache=True)
+def bfc_deallocate(chunks, bins, regions, pmap, state, ptr):
+    """Free the allocation at ``ptr`` and coalesce; returns its size or ``INVALID_POINTER``."""
+    return free_and_coalesce(chunks, bins, regions, pmap, state, ptr)[0]
 
 
 @njit(cache=True)

@@ -2,5 +2,6 @@
 
 from .bfc import ReferenceBFCAllocator
 from .caching import ReferenceCachingAllocator
+from .compact import ReferenceCompactAllocator
 
-__all__ = ["ReferenceBFCAllocator", "ReferenceCachingAllocator"]
+__all__ = ["ReferenceBFCAllocator", "ReferenceCachingAllocator", "ReferenceCompactAllocator"]

@@ -46,12 +46,13 @@ class _Chunk:
 
 
 class _Region:
-    __slots__ = ("base", "size", "first")
+    __slots__ = ("base", "size", "first", "pool")
 
-    def __init__(self, base: int, size: int) -> None:
+    def __init__(self, base: int, size: int, pool: int = -1) -> None:
         self.base = base
         self.size = size
         self.first: _Chunk | None = None
+        self.pool = pool  # the one bin of all its free chunks, or -1: bin by size
 
     def chunks(self):
         c = self.first
@@ -77,7 +78,7 @@ class ReferenceBFCAllocator(BFCBase):
 
     # --- bins
     def _insert(self, c: _Chunk) -> None:
-        c.bin = _bin_for_size(c.size)
+        c.bin = c.region.pool if c.region.pool >= 0 else _bin_for_size(c.size)
         self._bins[c.bin].add(c)
 
     def _remove(self, c: _Chunk) -> None:
@@ -121,36 +122,40 @@ class ReferenceBFCAllocator(BFCBase):
         return out
 
     # --- chunk store
+    def _candidates(self, rounded: int):
+        """Free chunks that may hold ``rounded`` bytes, in best-fit order."""
+        for b in range(_bin_for_size(rounded), NUM_BINS):
+            yield from self._bins[b].irange_key(min_key=(rounded, -1))
+
     def _try_allocate(self, n: int, alignment: int, freed_before: int) -> int:
         rounded = round_bytes(n)
         alignment = max(alignment, MIN_ALLOCATION)
-        for b in range(_bin_for_size(rounded), NUM_BINS):
-            for c in self._bins[b].irange_key(min_key=(rounded, -1)):
-                if freed_before > 0 and freed_before < c.freed_at_count:
-                    continue
-                pad = round_bytes(-c.ptr % alignment)
-                if c.size < rounded + pad:
-                    continue
-                self._remove(c)
-                if pad:
-                    aligned = self._split(c, pad, insert_remainder=False)
-                    self._insert(c)
-                    c = aligned
-                if c.size >= 2 * rounded or c.size - rounded >= self._max_internal_fragmentation:
-                    self._split(c, rounded, insert_remainder=True)
-                c.requested_size = n
-                c.allocation_id = self._next_id
-                self._next_id += 1
-                k = self._c
-                k["num_allocs"] += 1
-                k["bytes_in_use"] += c.size
-                k["peak_bytes_in_use"] = max(k["peak_bytes_in_use"], k["bytes_in_use"])
-                k["largest_alloc_size"] = max(k["largest_alloc_size"], c.size)
-                self._in_use[c.ptr] = c
-                return c.ptr
+        for c in self._candidates(rounded):
+            if freed_before > 0 and freed_before < c.freed_at_count:
+                continue
+            pad = round_bytes(-c.ptr % alignment)
+            if c.size < rounded + pad:
+                continue
+            self._remove(c)
+            if pad:
+                aligned = self._split(c, pad, insert_remainder=False)
+                self._insert(c)
+                c = aligned
+            if c.size >= 2 * rounded or c.size - rounded >= self._max_internal_fragmentation:
+                self._split(c, rounded, insert_remainder=True)
+            c.requested_size = n
+            c.allocation_id = self._next_id
+            self._next_id += 1
+            k = self._c
+            k["num_allocs"] += 1
+            k["bytes_in_use"] += c.size
+            k["peak_bytes_in_use"] = max(k["peak_bytes_in_use"], k["bytes_in_use"])
+            k["largest_alloc_size"] = max(k["largest_alloc_size"], c.size)
+            self._in_use[c.ptr] = c
+            return c.ptr
         return 0
 
-    def _add_region(self, ptr: int, size: int) -> None:
+    def _add_region(self, ptr: int, size: int, pool_bin: int = -1) -> None:
         c = _Chunk(ptr, size, None)
         region = None
         if self._coalesce_regions:
@@ -160,7 +165,7 @@ class ReferenceBFCAllocator(BFCBase):
                 if prev.base + prev.size == ptr:
                     region = prev
         if region is None:
-            region = _Region(ptr, size)
+            region = _Region(ptr, size, pool_bin)
             region.first = c
             self._region_map[ptr] = region
         else:
@@ -249,10 +254,7 @@ class ReferenceBFCAllocator(BFCBase):
         self._c["largest_alloc_size"] = 0
 
     def _largest_free(self) -> int:
-        for b in reversed(self._bins):
-            if b:
-                return b[-1].size
-        return 0
+        return max((b[-1].size for b in self._bins if b), default=0)
 
     def _records(self) -> np.ndarray:
         rows = [c for r in self._region_map.values() for c in r.chunks()]

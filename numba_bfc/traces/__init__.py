@@ -9,7 +9,16 @@
 """
 
 from .formats import FORMATS, guess_format, read_trace, write_trace
-from .replay import POLICIES, SERIES_DTYPE, OOMEvent, ReplayResult, make_allocator, replay
+from .replay import (
+    POLICIES,
+    SERIES_DTYPE,
+    MinLimit,
+    OOMEvent,
+    ReplayResult,
+    make_allocator,
+    min_limit,
+    replay,
+)
 from .rmm_log import (
     ACTIONS,
     HEADER,
@@ -31,6 +40,7 @@ __all__ = [
     "EVENT_DTYPE",
     "FORMATS",
     "HEADER",
+    "MinLimit",
     "OOMEvent",
     "POLICIES",
     "PROBLEMS",
@@ -48,6 +58,7 @@ __all__ = [
     "assign_ids",
     "capture_torch",
     "make_allocator",
+    "min_limit",
     "read_rmm_log",
     "read_trace",
     "replay",

@@ -9,7 +9,7 @@ from typing import TextIO
 
 from .._config import parse_size
 from ..stats import format_bytes
-from .replay import POLICIES, ReplayResult, replay
+from .replay import POLICIES, MinLimit, ReplayResult, min_limit, replay
 from .trace import Trace, TraceError
 
 _PROGRESS_MIN_EVENTS = 1 << 21  # below this a replay takes well under a second
@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"comma-separated policies (default bfc,caching; known: "
                         f"{', '.join(POLICIES)})")
     p.add_argument("--limit", "-l", help="memory limit, e.g. 16GiB or 512MiB (default: none)")
+    p.add_argument("--min-limit", action="store_true",
+                   help="bisect the smallest memory limit each policy runs each trace at with "
+                        "no OOM; report it in bytes and as a multiple of peak live bytes")
     p.add_argument("--offline", action="store_true",
                    help="also plan the trace offline (greedy_by_size) and report the overhead")
     p.add_argument("--strict", action="store_true",
@@ -95,6 +98,24 @@ def format_table(results: list[ReplayResult]) -> str:
     return "\n".join(lines)
 
 
+def format_min_limits(results: list[MinLimit]) -> str:
+    """A plain-text table of ``min_limit`` results, one row per trace x policy."""
+    rows = [("trace", "policy", "peak live", "min limit", "x peak", "unlimited reserved",
+             "x peak", "replays", "seconds")]
+    for m in results:
+        peak = m.peak_requested_bytes or 1
+        rows.append((m.trace, m.policy, format_bytes(m.peak_requested_bytes),
+                     format_bytes(m.limit), f"{m.limit / peak:.3f}",
+                     format_bytes(m.unlimited_reserved_bytes),
+                     f"{m.unlimited_reserved_bytes / peak:.3f}", str(m.replays),
+                     f"{m.seconds:.2f}"))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) if c < 2 else cell.rjust(w)
+                       for c, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None, out: TextIO | None = None,
          err: TextIO | None = None) -> int:
     """Run the replay CLI; return the exit status (0 ok, 2 bad input)."""
@@ -120,6 +141,14 @@ def main(argv: list[str] | None = None, out: TextIO | None = None,
     except (OSError, ValueError, TypeError, TraceError) as e:
         err.write(f"numba-bfc replay: error: {e}\n")
         return 2
+    if args.min_limit:
+        found = [min_limit(trace, policy) for trace in traces for policy in policies]
+        if args.json:
+            json.dump([m.to_dict() for m in found], out, indent=2)
+            out.write("\n")
+        else:
+            out.write(format_min_limits(found) + "\n")
+        return 0
     results = []
     for trace in traces:
         if trace.dropped:

@@ -18,12 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from ..allocators import BFCAllocator, CachingAllocator
+from ..allocators import BFCAllocator, CachingAllocator, CompactAllocator
+from ..backends import VirtualSubAllocator
 from ..errors import OutOfMemoryError
-from ..reference import ReferenceBFCAllocator, ReferenceCachingAllocator
+from ..reference import ReferenceBFCAllocator, ReferenceCachingAllocator, ReferenceCompactAllocator
 from .trace import Trace
 
-__all__ = ["POLICIES", "SERIES_DTYPE", "OOMEvent", "ReplayResult", "make_allocator", "replay"]
+__all__ = ["POLICIES", "SERIES_DTYPE", "MinLimit", "OOMEvent", "ReplayResult", "make_allocator",
+           "min_limit", "replay"]
 
 #: One row of a replay's time series: the most bytes of each kind over a
 #: bucket of events ending at ``event``.
@@ -32,6 +34,9 @@ SERIES_DTYPE = np.dtype([("event", np.int64), ("requested", np.int64),
 
 #: The memory limit of "no limit" for policies that need one (1 PiB).
 UNLIMITED = 1 << 50
+#: Where the simulated small space of the ``compact`` policy starts (far
+#: above the large space's 2**40 base, so the two never meet).
+SMALL_SPACE_BASE = 1 << 52
 _CHUNK_EVENTS = 1 << 20  # kernel call granularity, for progress reports
 
 
@@ -39,38 +44,49 @@ def _bfc_factory(cls):
     def make(limit: int | None, backend, **options):
         # Replays ask "how much would it need": grow on demand unless told otherwise.
         options.setdefault("allow_growth", True)
-        return cls(backend, memory_limit=limit or UNLIMITED, **options)
+        return cls(backend or VirtualSubAllocator(), memory_limit=limit or UNLIMITED, **options)
 
     return make
 
 
 def _caching_factory(cls):
     def make(limit: int | None, backend, **options):
-        return cls(backend, memory_limit=limit, **options)
+        return cls(backend or VirtualSubAllocator(), memory_limit=limit, **options)
 
     return make
 
 
-#: Policy name -> factory ``(limit, backend, **options) -> Allocator``. The
-#: ``*-oracle`` entries are the pure-Python reference allocators.
+def _compact_factory(cls):
+    def make(limit: int | None, backend, **options):
+        # Contiguous spaces, as CUDA virtual-memory reservations give on a GPU.
+        if backend is None:
+            backend = VirtualSubAllocator(contiguous=True)
+            options.setdefault("small_backend",
+                               VirtualSubAllocator(contiguous=True, base=SMALL_SPACE_BASE))
+        return cls(backend, memory_limit=limit or UNLIMITED, **options)
+
+    return make
+
+
+#: Policy name -> factory ``(limit, backend or None, **options) -> Allocator``.
+#: The ``*-oracle`` entries are the pure-Python reference allocators.
 POLICIES: dict[str, Callable[..., Any]] = {
     "bfc": _bfc_factory(BFCAllocator),
     "caching": _caching_factory(CachingAllocator),
+    "compact": _compact_factory(CompactAllocator),
     "bfc-oracle": _bfc_factory(ReferenceBFCAllocator),
     "caching-oracle": _caching_factory(ReferenceCachingAllocator),
+    "compact-oracle": _compact_factory(ReferenceCompactAllocator),
 }
 
 
 def make_allocator(policy: str, limit: int | None = None, backend=None, **options):
     """A fresh allocator of ``policy`` (a ``POLICIES`` key) on ``backend``
-    (default: a simulated address space), limited to ``limit`` bytes."""
+    (default: a simulated address space, contiguous for ``compact``), limited
+    to ``limit`` bytes."""
     factory = POLICIES.get(policy)
     if factory is None:
         raise ValueError(f"unknown policy {policy!r} (expected one of {', '.join(POLICIES)})")
-    if backend is None:
-        from ..backends import VirtualSubAllocator
-
-        backend = VirtualSubAllocator()
     return factory(limit, backend, **options)
 
 
@@ -162,8 +178,9 @@ def _usage(allocator) -> tuple[int, int]:
 
 
 def _backend_counts(allocator) -> tuple[int, int]:
-    backend = getattr(allocator, "backend", None)
-    return (getattr(backend, "num_allocs", 0), getattr(backend, "num_frees", 0))
+    backends = [getattr(allocator, "backend", None), getattr(allocator, "small_backend", None)]
+    return (sum(getattr(b, "num_allocs", 0) for b in backends),
+            sum(getattr(b, "num_frees", 0) for b in backends))
 
 
 def replay(
@@ -336,3 +353,84 @@ def _replay_python(allocator, ops, slots, sizes, alignment, ptrs, addresses, usa
     if progress is not None:
         progress(n, n)
     return n
+
+
+@dataclass(frozen=True)
+class MinLimit:
+    """The smallest memory limit found at which a policy runs a trace with no OOM."""
+
+    trace: str
+    policy: str
+    limit: int
+    peak_requested_bytes: int
+    unlimited_reserved_bytes: int
+    replays: int
+    seconds: float
+
+    @property
+    def factor(self) -> float:
+        """``limit`` / peak requested (live) bytes; 1.0 is the floor no policy beats."""
+        return self.limit / self.peak_requested_bytes if self.peak_requested_bytes else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trace": self.trace, "policy": self.policy, "limit": self.limit,
+                "factor": None if math.isnan(self.factor) else self.factor,
+                "peak_requested_bytes": self.peak_requested_bytes,
+                "unlimited_reserved_bytes": self.unlimited_reserved_bytes,
+                "replays": self.replays, "seconds": self.seconds}
+
+
+def min_limit(trace: Trace | str | os.PathLike, policy: str = "bfc", *,
+              tolerance: int | None = None, alignment: int = 256, **options) -> MinLimit:
+    """Bisect the smallest memory limit at which ``policy`` replays ``trace``
+    without an out-of-memory error.
+
+    The search starts between the trace's peak live bytes (below which every
+    policy fails) and the peak the policy reserves with no limit (grown until
+    a replay at that limit succeeds, since a limit can change a policy's
+    choices), and stops when the bracket is at most ``tolerance`` bytes wide
+    (default: 0.1% of the peak, at least 256 B). Every replay stops at its
+    first OOM.
+
+    A policy need not be monotone in its limit (BFC sizes its regions from
+    the limit): the result is the smallest limit the bisection saw succeed,
+    with every limit it saw fail below it.
+
+    Returns
+    -------
+    MinLimit
+    """
+    if not isinstance(trace, Trace):
+        trace = Trace.read(trace)
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r} (expected one of {', '.join(POLICIES)})")
+    peak = trace.peak_requested_bytes
+    tol = max(256, peak // 1000) if tolerance is None else int(tolerance)
+    if tol <= 0:
+        raise ValueError(f"tolerance must be > 0, got {tolerance}")
+    t0 = time.perf_counter()
+    replays = 0
+
+    def fits(limit: int | None) -> ReplayResult:
+        nonlocal replays
+        replays += 1
+        return replay(trace, policy, limit=limit, alignment=alignment, series_points=1,
+                      stop_on_oom=True, **options)
+
+    unlimited = fits(None).peak_reserved_bytes
+    if peak == 0:
+        return MinLimit(trace.name, policy, 0, 0, unlimited, replays,
+                        time.perf_counter() - t0)
+    hi = max(unlimited, peak)
+    while fits(hi).ooms:
+        if hi > UNLIMITED:
+            raise RuntimeError(f"{policy} fails {trace.name} at every limit up to {hi} bytes")
+        hi *= 2
+    lo = peak - 1  # in-use bytes never fall below requested ones: this limit fails
+    while hi - lo > tol:
+        mid = (lo + hi) // 2
+        if fits(mid).ooms:
+            lo = mid
+        else:
+            hi = mid
+    return MinLimit(trace.name, policy, hi, peak, unlimited, replays, time.perf_counter() - t0)

@@ -1,0 +1,134 @@
+"""``CompactAllocator``: the low-fragmentation policy as Numba kernels over tables."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import layout as L
+from ..kernels.chunks import free_tail_start, remove_region, trim_region
+from ..policies.batch import COMPACT_POLICY
+from ..policies.compact import (
+    COMPACT_STATE_SIZE,
+    NUM_SPACES,
+    S_RELEASE_DUE,
+    S_RELEASE_THRESHOLD,
+    S_SMALL_SIZE,
+    compact_allocate,
+    compact_deallocate,
+    top_region_tail,
+)
+from ._bfc_base import round_bytes
+from ._compact_base import CompactGrowth
+from ._fastcall import Kernel
+from .bfc import BFCAllocator
+
+__all__ = ["CompactAllocator"]
+
+_TOP_REGION_TAIL = Kernel(top_region_tail)
+
+
+class CompactAllocator(CompactGrowth, BFCAllocator):
+    """Best fit with coalescing, tuned for the smallest memory footprint.
+
+    BFC's kernels and out-of-memory path with four changes (see README,
+    "The compact policy"): a chunk is always split down to the rounded
+    request; requests below ``small_size`` have a space (backend) of their
+    own; a space grows by the pages a request is short of, as one contiguous
+    range on a coalescing backend; whole free backend pieces at the end of a
+    space go back once ``release_threshold`` bytes there are free.
+
+    Parameters
+    ----------
+    backend : SubAllocator
+        Best with ``supports_coalescing`` (``CudaVirtualSubAllocator``,
+        ``VirtualSubAllocator(contiguous=True)``,
+        ``HostSubAllocator(contiguous=True)``); on other backends every growth
+        is a separate region.
+    memory_limit : int or str, optional
+        Most bytes held from the backend; default: the backend's total memory.
+    page_size : int or str, optional
+        Growth quantum, a power of two >= 256; default: the backend's
+        ``granularity`` if it has one, else 2 MiB.
+    release_threshold : int or str, optional
+        Free bytes at the end of the space that trigger giving whole pieces
+        back; default 0: only on ``empty_cache()`` and on the out-of-memory
+        path (measured best: giving back early changes later best-fit choices
+        and costs a backend round trip per give-back).
+    small_size : int or str, optional
+        Requests (rounded) below this are served from ``small_backend``;
+        default 1 MiB.
+    small_backend : SubAllocator, optional
+        The small space's backend: a second address range of the same kind
+        as ``backend`` (e.g. another ``CudaVirtualSubAllocator``). None: one
+        space for every size. ``memory_limit`` counts both.
+    name : str, optional
+
+    Options not given are read from ``NUMBA_BFC_CONF``, then defaults.
+
+    Examples
+    --------
+    >>> from numba_bfc import CompactAllocator
+    >>> from numba_bfc.backends import VirtualSubAllocator
+    >>> a = CompactAllocator(VirtualSubAllocator(contiguous=True), memory_limit="64MiB",
+    ...                      page_size="64KiB")
+    >>> p = a.allocate_raw(100_000)
+    >>> a.allocated_size(p), a.get_stats().bytes_reserved
+    (100096, 131072)
+    >>> a.deallocate_raw(p)
+    """
+
+    _POLICY = COMPACT_POLICY
+    _STATE_SIZE = COMPACT_STATE_SIZE
+    _NUM_BINS = NUM_SPACES
+    _POOL_NAMES_BLOCKS = False
+    _ALLOCATE = Kernel(compact_allocate)
+    _DEALLOCATE = Kernel(compact_deallocate)
+
+    def __init__(self, backend, memory_limit=None, page_size=None, release_threshold=None,
+                 small_size=None, small_backend=None, name=None) -> None:
+        super().__init__(backend, memory_limit, page_size, release_threshold, small_size,
+                         small_backend, name)
+
+    def _grow_for(self, n: int, alignment: int) -> bool:
+        # A batch's common slow path, kept short: grow exactly, let the kernel retry.
+        return not self._timestamps_used and self._extend(alignment, round_bytes(n))
+
+    def _configure_compact(self) -> None:
+        self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
+        self._state[S_RELEASE_THRESHOLD] = self.release_threshold
+        self._state[S_SMALL_SIZE] = self.small_size
+
+    def _row(self, base: int) -> int:
+        live = np.flatnonzero((self._regions["size"] > 0) & (self._regions["base"] == base))
+        return int(live[0])
+
+    def _tail_start(self, base: int, end: int) -> int:
+        return int(free_tail_start(self._chunks, self._regions, self._row(base)))
+
+    def _top_tail(self, space: int) -> tuple[int, int]:
+        end, tail = _TOP_REGION_TAIL.call(self._chunks, self._regions, space)
+        return int(end), int(tail)
+
+    def _space_of(self, base: int) -> int:
+        return int(self._regions[self._row(base)]["bin"])
+
+    def _cut_region(self, base: int, new_end: int, last_piece: int) -> None:
+        r = self._row(base)
+        if new_end == base:
+            remove_region(self._chunks, self._bins, self._regions, self._state, r)
+        else:
+            trim_region(self._chunks, self._bins, self._regions, self._state, r, new_end,
+                        last_piece)
+
+    def _release_pending(self) -> bool:
+        return bool(self._state[S_RELEASE_DUE])
+
+    def _take_release_due(self) -> int | None:
+        r = int(self._state[S_RELEASE_DUE]) - 1
+        self._state[S_RELEASE_DUE] = 0
+        if r < 0 or self._regions[r]["size"] == 0:
+            return None
+        return int(self._regions[r]["base"])
+
+    def _serve_release_due(self) -> None:
+        self._release_due()

@@ -1,0 +1,108 @@
+"""The ``compact`` policy: BFC's kernels tuned for the smallest footprint.
+
+Two spaces, each one ordered free set (bin) of its own: requests smaller
+than ``state[S_SMALL_SIZE]`` are served from the small space, the rest from
+the large one, so short-lived small blocks do not pin holes between large
+ones. A region's space is its fixed bin (``regions["bin"]``, as the caching
+policy's pools). Within a space the choice is BFC's best fit (smallest chunk
+that fits, lowest address among equal sizes: one ordered set gives exactly
+what BFC's size bins give), handed out by BFC's ``take_chunk`` with the split
+threshold at one quantum, so a chunk is always split down to the rounded
+request instead of handed out whole when it is less than twice the request.
+
+Growth and giving memory back need the backend and stay in the façade
+(``numba_bfc.allocators.CompactAllocator``): it grows a space by the pages the
+request is short of, and gives whole free backend pieces at the end of a
+space back. The kernel's part of that is to notice, on a free, that the end
+has become worth giving back.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from ..kernels.chunks import free_tail_start, room_for_operation, round_up
+from ..kernels.layout import (
+    NEED_ROWS,
+    NO_HANDLE,
+    NOT_FOUND,
+    S_MIN_ALLOCATION,
+    STATE_SIZE,
+)
+from .bfc import fit_in_tree, free_and_coalesce, take_chunk
+
+S_RELEASE_THRESHOLD = STATE_SIZE  # free tail bytes that trigger a release (0: never)
+S_RELEASE_DUE = STATE_SIZE + 1  # region row + 1 whose tail is due, 0 if none
+S_SMALL_SIZE = STATE_SIZE + 2  # requests below this go to the small space (0: one space)
+COMPACT_STATE_SIZE = STATE_SIZE + 3
+
+LARGE_SPACE = 0  # the bin (and region ``bin``) of each space
+SMALL_SPACE = 1
+NUM_SPACES = 2
+
+
+@njit(cache=True, inline="always")
+def space_for(rounded, state):
+    """The space a request of ``rounded`` bytes is served from."""
+    return SMALL_SPACE if rounded < state[S_SMALL_SIZE] else LARGE_SPACE
+
+
+@njit(cache=True)
+def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed_before):
+    """Serve ``num_bytes`` (> 0) by best fit in its space.
+
+    Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
+    nothing has changed.
+    """
+    if not room_for_operation(pmap, state):
+        return NEED_ROWS
+    quantum = state[S_MIN_ALLOCATION]
+    rounded = round_up(num_bytes, quantum)
+    alignment = max(alignment, quantum)
+    space = space_for(rounded, state)
+    if bins[space]["num_chunks"] == 0:
+        return NOT_FOUND
+    h = fit_in_tree(chunks, bins[space]["root"], rounded, alignment, quantum, freed_before)
+    if h == NO_HANDLE:
+        return NOT_FOUND
+    return take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignment)
+
+
+@njit(cache=True)
+def tail_release_due(chunks, regions, state, r):
+    """True if region ``r`` ends in a free chunk of at least the release
+    threshold that covers its newest backend piece (so some can go back)."""
+    threshold = state[S_RELEASE_THRESHOLD]
+    if threshold <= 0:
+        return False
+    start = free_tail_start(chunks, regions, r)
+    return (regions[r]["base"] + regions[r]["size"] - start >= threshold
+            and start <= regions[r]["last_piece"])
+
+
+@njit(cache=True)
+def top_region_tail(chunks, regions, space):
+    """``(end, free tail bytes)`` of the region of ``space`` that ends highest;
+    ``(0, 0)`` if the space has none. Growth on a contiguous backend extends
+    that region."""
+    best = -1
+    end = 0
+    for r in range(regions.shape[0]):
+        if (regions[r]["size"] > 0 and regions[r]["bin"] == space
+                and regions[r]["base"] + regions[r]["size"] > end):
+            best = r
+            end = regions[r]["base"] + regions[r]["size"]
+    if best < 0:
+        return 0, 0
+    return end, end - free_tail_start(chunks, regions, best)
+
+
+@njit(cache=True)
+def compact_deallocate(chunks, bins, regions, pmap, state, ptr):
+    """Free ``ptr`` and coalesce, as ``bfc_deallocate``; returns its size or
+    ``INVALID_POINTER``. Sets ``state[S_RELEASE_DUE]`` when the region's free
+    tail should go back to the backend."""
+    size, h = free_and_coalesce(chunks, bins, regions, pmap, state, ptr)
+    if h != NO_HANDLE and tail_release_due(chunks, regions, state, chunks[h]["region"]):
+        state[S_RELEASE_DUE] = chunks[h]["region"] + 1
+    return size

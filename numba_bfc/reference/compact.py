@@ -1,0 +1,93 @@
+"""``ReferenceCompactAllocator``: the compact policy in plain Python (the test oracle).
+
+``ReferenceBFCAllocator``'s chunk machinery under the same ``CompactGrowth``
+orchestration as ``CompactAllocator``; only the space lookup and giving a
+free tail back are written here again, over ``_Chunk`` objects instead of
+table rows.
+"""
+
+from __future__ import annotations
+
+from ..allocators._compact_base import CompactGrowth
+from .bfc import ReferenceBFCAllocator
+
+__all__ = ["ReferenceCompactAllocator"]
+
+
+class ReferenceCompactAllocator(CompactGrowth, ReferenceBFCAllocator):
+    """Plain-Python compact allocator with ``CompactAllocator``'s exact behaviour."""
+
+    def __init__(self, backend, memory_limit=None, page_size=None, release_threshold=None,
+                 small_size=None, small_backend=None, name=None) -> None:
+        self._due: int | None = None
+        super().__init__(backend, memory_limit, page_size, release_threshold, small_size,
+                         small_backend, name)
+
+    def _configure_compact(self) -> None:
+        pass  # the split rule reads _max_internal_fragmentation directly
+
+    def _candidates(self, rounded: int):
+        # One ordered set per space: its best fit is what BFC's size bins give.
+        return self._bins[self._space_for(rounded)].irange_key(min_key=(rounded, -1))
+
+    def _last_chunk(self, base: int):
+        c = self._region_map[base].first
+        while c.next is not None:
+            c = c.next
+        return c
+
+    @staticmethod
+    def _releasable(c) -> bool:
+        # Free, binned and not waiting on a timing count (a stream may still use it).
+        return not c.in_use and c.bin != -1 and c.freed_at_count == 0
+
+    def _tail_start(self, base: int, end: int) -> int:
+        c = self._last_chunk(base)
+        return c.ptr if self._releasable(c) else end
+
+    def _top_tail(self, space: int) -> tuple[int, int]:
+        mine = [(b, r) for b, r in self._region_map.items() if r.pool == space]
+        if not mine:
+            return 0, 0
+        base, region = max(mine, key=lambda kv: kv[0] + kv[1].size)
+        end = base + region.size
+        return end, end - self._tail_start(base, end)
+
+    def _space_of(self, base: int) -> int:
+        return self._region_map[base].pool
+
+    def _cut_region(self, base: int, new_end: int, last_piece: int) -> None:
+        if new_end == base:
+            self._remove_region(base)
+            return
+        region = self._region_map[base]
+        c = self._last_chunk(base)
+        cut = base + region.size - new_end
+        self._remove(c)
+        if new_end == c.ptr:
+            c.prev.next = None
+            c.alive = False
+        else:
+            c.size -= cut
+            self._insert(c)
+        region.size -= cut
+        self._c["pool_bytes"] -= cut
+
+    def _deallocate_chunk(self, ptr: int, count: int) -> bool:
+        c = self._in_use.get(ptr)
+        if not super()._deallocate_chunk(ptr, count):
+            return False
+        region = c.region
+        last = self._last_chunk(region.base)
+        newest = self._pieces.peekitem(self._pieces.bisect_left(region.base + region.size) - 1)[0]
+        if (count == 0 and self.release_threshold > 0 and self._releasable(last)
+                and last.size >= self.release_threshold and last.ptr <= newest):
+            self._due = region.base
+        return True
+
+    def _release_pending(self) -> bool:
+        return self._due is not None
+
+    def _take_release_due(self) -> int | None:
+        base, self._due = self._due, None
+        return base if base in self._region_map else None

@@ -1,0 +1,391 @@
+"""The compact policy: CompactAllocator against its plain-Python oracle, its
+growth and give-back rules, errors, real host memory, and the replay/min-limit
+machinery that measures it."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from numba_bfc import CompactAllocator, InvalidPointerError, OutOfMemoryError
+from numba_bfc.backends import HostSubAllocator, VirtualSubAllocator
+from numba_bfc.invariants import check_invariants
+from numba_bfc.reference import ReferenceCompactAllocator
+from numba_bfc.traces import Trace, min_limit, replay
+from numba_bfc.traces.cli import main as replay_main
+from numba_bfc.traces.synthetic import GENERATORS
+
+KiB, MiB = 1 << 10, 1 << 20
+PAGE = 64 * KiB
+
+
+def make(cls=CompactAllocator, limit=64 * MiB, page=PAGE, threshold=4 * PAGE, small=0,
+         **backend):
+    """A compact allocator on simulated memory; ``small > 0`` adds a small space."""
+    backend.setdefault("contiguous", True)
+    small_backend = VirtualSubAllocator(base=1 << 44, **backend) if small else None
+    return cls(VirtualSubAllocator(**backend), memory_limit=limit, page_size=page,
+               release_threshold=threshold, small_size=small or None,
+               small_backend=small_backend)
+
+
+# ---------------------------------------------------------------------- the rules
+def test_always_splits_to_the_rounded_request():
+    a = make()
+    p = a.allocate_raw(100_000)
+    # BFC would hand out a whole chunk smaller than twice the request.
+    assert a.allocated_size(p) == 100_096
+    q = a.allocate_raw(20_000)
+    assert q == p + 100_096 and a.allocated_size(q) == 20_224
+    check_invariants(a)
+
+
+def test_grows_by_the_pages_a_request_lacks_into_one_region():
+    a = make()
+    p = a.allocate_raw(100_000)  # 2 pages
+    assert a.get_stats().bytes_reserved == 2 * PAGE
+    q = a.allocate_raw(100_000)  # 30,976 B left at the end: one more page... plus
+    assert a.get_stats().bytes_reserved == 4 * PAGE
+    assert a.regions() == [(p, 4 * PAGE)]  # every piece merged into one space
+    assert q == p + 100_096
+    assert a.backend.num_allocs == 2
+    check_invariants(a)
+
+
+def test_gives_the_free_tail_back_at_the_threshold_and_on_empty_cache():
+    a = make(threshold=4 * PAGE)
+    base = a.allocate_raw(1000)  # piece 1: one page
+    big = a.allocate_raw(3 * PAGE)  # lacks 2 pages + 1024 B: piece 2 of three pages
+    small = a.allocate_raw(PAGE)  # lacks 1024 B: piece 3, one page
+    assert a.get_stats().bytes_reserved == 5 * PAGE and a.backend.num_allocs == 3
+    a.deallocate_raw(small)  # free tail of 130,048 B < threshold: kept
+    assert a.get_stats().bytes_reserved == 5 * PAGE
+    a.deallocate_raw(big)  # free tail from base + 1024 holds pieces 2 and 3: released
+    assert a.get_stats().bytes_reserved == PAGE
+    assert a.backend.bytes_held == PAGE and a.regions() == [(base, PAGE)]
+    check_invariants(a)
+    a.deallocate_raw(base)  # < threshold: kept until asked
+    assert a.get_stats().bytes_reserved == PAGE
+    assert a.empty_cache() == PAGE
+    assert a.regions() == [] and a.backend.bytes_held == 0
+    check_invariants(a)
+
+
+def test_small_requests_get_a_space_of_their_own():
+    a = make(small=64 * KiB)
+    big = a.allocate_raw(200 * KiB)
+    tiny = [a.allocate_raw(1000) for _ in range(3)]
+    assert a.small_backend.num_allocs == 1 and a.backend.num_allocs == 1
+    assert all(p >= 1 << 44 for p in tiny) and big < 1 << 44
+    assert tiny[1] == tiny[0] + 1024  # best fit packs the small space
+    assert len(a.regions()) == 2
+    a.deallocate_raw(big)
+    # A freed large hole is never used by small requests.
+    assert a.allocate_raw(1000) == tiny[2] + 1024
+    check_invariants(a)
+    with pytest.raises(ValueError, match="second backend"):
+        CompactAllocator(a.backend, memory_limit=MiB, small_backend=a.backend)
+    with pytest.raises(ValueError, match="coalesce"):
+        CompactAllocator(VirtualSubAllocator(contiguous=True), memory_limit=MiB,
+                         small_backend=VirtualSubAllocator())
+
+
+def test_backends_that_share_addresses_are_refused():
+    a = CompactAllocator(VirtualSubAllocator(contiguous=True), memory_limit=MiB,
+                         page_size=PAGE, small_size=PAGE,
+                         small_backend=VirtualSubAllocator(contiguous=True))
+    a.allocate_raw(PAGE)
+    before = a.get_stats()
+    with pytest.raises(RuntimeError, match="share addresses"):
+        a.allocate_raw(100)
+    assert a.get_stats() == before and a.small_backend.bytes_held == 0
+
+
+def test_threshold_zero_never_releases_by_itself():
+    a = make(threshold=0)
+    ps = [a.allocate_raw(PAGE) for _ in range(8)]
+    for p in ps:
+        a.deallocate_raw(p)
+    assert a.get_stats().bytes_reserved == 8 * PAGE
+    assert a.empty_cache() == 8 * PAGE
+
+
+def test_free_tail_after_the_newest_piece_start_is_kept():
+    a = make(threshold=PAGE // 4)
+    a.allocate_raw(PAGE // 2)  # piece 1
+    d = a.allocate_raw(3 * PAGE)  # from PAGE/2 on: piece 2 starts inside d
+    e = a.allocate_raw(100)
+    a.deallocate_raw(e)  # a free tail >= threshold, but all inside piece 2: nothing to give
+    assert a.get_stats().bytes_reserved == 4 * PAGE and a.backend.num_frees == 0
+    a.deallocate_raw(d)  # now the tail holds piece 2 whole
+    assert a.get_stats().bytes_reserved == PAGE and a.backend.num_frees == 1
+    check_invariants(a)
+
+
+def test_oom_at_the_limit_leaves_state_unchanged():
+    a = make(limit=8 * PAGE)
+    a.allocate_raw(5 * PAGE)
+    before = (a._records().tolist(), a.get_stats(), a.regions())
+    with pytest.raises(OutOfMemoryError) as e:
+        a.allocate_raw(4 * PAGE)
+    assert e.value.reason in ("exhausted", "fragmentation")
+    assert (a._records().tolist(), a.get_stats(), a.regions()) == before
+    assert a.backend.bytes_held <= 8 * PAGE
+    a.allocate_raw(3 * PAGE)  # exactly what is left
+    assert a.get_stats().bytes_reserved == 8 * PAGE
+
+
+def test_backend_that_rounds_past_the_limit_is_refused():
+    a = make(limit=3 * PAGE, granularity=2 * PAGE)
+    a.allocate_raw(PAGE)  # the backend grants 2 pages
+    with pytest.raises(OutOfMemoryError):
+        a.allocate_raw(2 * PAGE)  # would need 2 more: 4 pages > limit
+    assert a.backend.bytes_held == 2 * PAGE
+    check_invariants(a)
+
+
+def test_non_contiguous_backend_gets_separate_exact_regions():
+    a = make(contiguous=False)
+    p = a.allocate_raw(100_000)
+    q = a.allocate_raw(100_000)
+    assert len(a.regions()) == 2 and a.get_stats().bytes_reserved == 4 * PAGE
+    a.deallocate_raw(q)
+    a.deallocate_raw(p)
+    a.empty_cache()
+    assert a.regions() == [] and a.backend.bytes_held == 0
+
+
+@pytest.mark.parametrize("bad, exc", [(-1, ValueError), (1.5, TypeError), ("8", TypeError),
+                                      (1 << 63, OutOfMemoryError)])
+def test_bad_sizes_raise_and_change_nothing(bad, exc):
+    a = make()
+    p = a.allocate_raw(1000)
+    before = (a._records().tolist(), a.get_stats())
+    with pytest.raises(exc):
+        a.allocate_raw(bad)
+    with pytest.raises(ValueError, match="alignment"):
+        a.allocate_raw(100, alignment=3)
+    assert (a._records().tolist(), a.get_stats()) == before
+    a.deallocate_raw(p)
+    with pytest.raises(InvalidPointerError):
+        a.deallocate_raw(p)
+    with pytest.raises(InvalidPointerError):
+        a.deallocate_raw(p + 256)
+
+
+@pytest.mark.parametrize("option, value", [("page_size", 1000), ("page_size", 128),
+                                           ("release_threshold", -1)])
+def test_bad_options_are_named(option, value):
+    with pytest.raises((ValueError, TypeError), match=option):
+        CompactAllocator(VirtualSubAllocator(contiguous=True), memory_limit=MiB,
+                         **{option: value})
+
+
+def test_options_from_numba_bfc_conf(monkeypatch):
+    monkeypatch.setenv("NUMBA_BFC_CONF", "page_size:128KiB,release_threshold:0,memory_limit:4MiB")
+    a = CompactAllocator(VirtualSubAllocator(contiguous=True))
+    assert (a.page_size, a.release_threshold, a.memory_limit) == (128 * KiB, 0, 4 * MiB)
+    assert a.name == "compact"
+    assert CompactAllocator(VirtualSubAllocator(contiguous=True, granularity=MiB),
+                            memory_limit=MiB, release_threshold=0).page_size == 128 * KiB
+
+
+def test_page_size_defaults_to_the_backend_granularity():
+    a = CompactAllocator(VirtualSubAllocator(contiguous=True, granularity=512 * KiB),
+                         memory_limit=MiB)
+    assert a.page_size == 512 * KiB and a.release_threshold == 0 and a.small_size == 0
+    assert CompactAllocator(VirtualSubAllocator(contiguous=True),
+                            memory_limit=MiB).page_size == 2 * MiB
+
+
+def test_timestamped_frees_are_not_given_back():
+    from numba_bfc import SharedCounter
+
+    a = make(threshold=PAGE)
+    p = a.allocate_raw(4 * PAGE)
+    a.set_timing_counter(SharedCounter())
+    a.deallocate_raw(p)  # tagged: a stream may still use it
+    assert a.get_stats().bytes_reserved == 4 * PAGE
+    check_invariants(a)
+
+
+# ---------------------------------------------------------------------- oracle
+sizes = st.one_of(st.integers(1, 4 * KiB), st.integers(1, 300 * KiB),
+                  st.integers(300 * KiB, 3 * MiB), st.sampled_from([256, PAGE, PAGE + 1]))
+ops = st.one_of(
+    st.tuples(st.just("alloc"), sizes, st.sampled_from([256, 256, 512, 4096])),
+    st.tuples(st.just("free"), st.integers(0, 1000), st.just(0)),
+    st.tuples(st.just("free"), st.integers(0, 1000), st.just(0)),
+    st.tuples(st.just("bad_free"), st.integers(0, 1000), st.sampled_from([0, 1, 256])),
+    st.tuples(st.just("empty_cache"), st.just(0), st.just(0)),
+)
+configs = st.fixed_dictionaries({
+    "limit": st.sampled_from([2 * MiB, 6 * MiB, 64 * MiB]),
+    "page": st.sampled_from([4 * KiB, PAGE, 256 * KiB]),
+    "threshold": st.sampled_from([0, PAGE, 4 * PAGE, MiB]),
+    "contiguous": st.sampled_from([True, True, False]),
+    "granularity": st.sampled_from([1, 1, 128 * KiB]),
+    "small": st.sampled_from([0, 16 * KiB, 256 * KiB]),
+})
+
+
+def _step(a, live, freed, op):
+    kind, x, y = op
+    try:
+        if kind == "alloc":
+            p = a.allocate_raw(x, alignment=y)
+            live.append(p)
+            return ("ptr", p, a.allocated_size(p), a.requested_size(p), a.allocation_id(p))
+        if kind == "free":
+            if not live:
+                return None
+            p = live.pop(x % len(live))
+            a.deallocate_raw(p)
+            freed.append(p)
+            return "ok"
+        if kind == "bad_free":
+            if y == 0 or not (freed if y == 1 else live):
+                target = (1 << 39) + x * 256
+            else:
+                target = freed[x % len(freed)] if y == 1 else live[x % len(live)] + y
+            if target not in live:
+                a.deallocate_raw(target)
+            return "ok"
+        return ("empty", a.empty_cache())
+    except OutOfMemoryError as e:
+        return ("oom", str(e), e.reason, e.rounded_bytes)
+    except InvalidPointerError as e:
+        return ("invalid", e.kind, str(e))
+
+
+def _observe(a):
+    backends = [b for b in (a.backend, a.small_backend) if b is not None]
+    return (a.get_stats(), a._records().tolist(), a.regions(), list(a._pieces.items()),
+            [(b.num_allocs, b.num_frees, b.bytes_held) for b in backends])
+
+
+@settings(max_examples=150, deadline=None)
+@given(config=configs, program=st.lists(ops, max_size=60))
+def test_numba_matches_reference(config, program):
+    fast, ref = make(CompactAllocator, **config), make(ReferenceCompactAllocator, **config)
+    live_f, live_r, freed_f, freed_r = [], [], [], []
+    for op in program:
+        assert _step(fast, live_f, freed_f, op) == _step(ref, live_r, freed_r, op), op
+        assert _observe(fast) == _observe(ref), op
+        check_invariants(fast)
+        check_invariants(ref)
+        held = fast.backend.bytes_held + (fast.small_backend.bytes_held if config["small"] else 0)
+        assert held == fast.get_stats().bytes_reserved <= fast.memory_limit
+
+
+@settings(max_examples=60, deadline=None)
+@given(threshold=st.sampled_from([0, PAGE, 4 * PAGE]), small=st.sampled_from([0, 64 * KiB]),
+       program=st.lists(st.tuples(st.booleans(), sizes, st.integers(0, 99)), max_size=200))
+def test_batch_matches_single_calls(threshold, small, program):
+    """The batch kernel (with its give-back round trips) does what single calls do."""
+    ops_, ids, szs, live, next_id = [], [], [], [], 0
+    for is_alloc, size, pick in program:
+        if is_alloc or not live:
+            ops_ += [0]
+            ids += [next_id]
+            szs += [size]
+            live.append(next_id)
+            next_id += 1
+        else:
+            ops_ += [1]
+            ids += [live.pop(pick % len(live))]
+            szs += [0]
+    a = make(threshold=threshold, small=small)
+    out = a.run_batch(np.array(ops_), np.array(ids), np.array(szs))
+    b = make(ReferenceCompactAllocator, threshold=threshold, small=small)
+    addr, expect = {}, []
+    for op, i, s in zip(ops_, ids, szs):
+        if op == 0:
+            addr[i] = b.allocate_raw(s)
+            expect.append(addr[i])
+        else:
+            b.deallocate_raw(addr.pop(i))
+            expect.append(0)
+    assert out.tolist() == expect
+    assert _observe(a) == _observe(b)
+    check_invariants(a)
+
+
+# ---------------------------------------------------------------------- real memory
+def test_patterns_survive_churn_on_contiguous_host_memory():
+    backend = HostSubAllocator(32 * MiB, contiguous=True)
+    a = CompactAllocator(backend, page_size=PAGE, release_threshold=2 * PAGE)
+    rng = np.random.default_rng(7)
+    live = {}
+    for step in range(3000):
+        if live and (rng.random() < 0.45 or len(live) > 120):
+            p = list(live)[rng.integers(len(live))]
+            n, tag = live.pop(p)
+            assert np.all(backend.view(p, n) == tag), f"step {step}: allocation {p:#x} changed"
+            a.deallocate_raw(p)
+        else:
+            n = int(rng.choice([rng.integers(1, 2048), rng.integers(1, 200 * KiB)]))
+            try:
+                p = a.allocate_raw(n)
+            except OutOfMemoryError:
+                continue
+            tag = step % 251
+            backend.view(p, n)[:] = tag
+            live[p] = (n, tag)
+        if step % 500 == 0:
+            check_invariants(a)
+    for p, (n, tag) in live.items():
+        assert np.all(backend.view(p, n) == tag)
+    spans = sorted((p, p + n) for p, (n, _) in live.items())
+    assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:])), "allocations overlap"
+    assert backend.bytes_held == a.get_stats().bytes_reserved
+
+
+# ---------------------------------------------------------------------- replay, min limit
+def test_replay_through_compact_matches_its_oracle():
+    t = GENERATORS["fragmenting"]()
+    fast = replay(t, "compact", page_size=PAGE)
+    ref = replay(t, "compact-oracle", page_size=PAGE)
+    assert fast.engine == "kernel" and ref.engine == "python"
+    assert np.array_equal(fast.addresses, ref.addresses)
+    assert (fast.peak_reserved_bytes, fast.backend_allocs, fast.backend_frees) == \
+        (ref.peak_reserved_bytes, ref.backend_allocs, ref.backend_frees)
+    assert fast.series["reserved"].tolist() == ref.series["reserved"].tolist()
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
+def test_min_limit_brackets_the_first_failing_limit(policy):
+    t = GENERATORS["fragmenting"]()
+    m = min_limit(t, policy)
+    assert m.peak_requested_bytes == t.peak_requested_bytes
+    assert m.limit >= t.peak_requested_bytes and m.factor >= 1.0
+    assert replay(t, policy, limit=m.limit, stop_on_oom=True).ooms == 0
+    tol = max(256, t.peak_requested_bytes // 1000)
+    assert replay(t, policy, limit=m.limit - tol, stop_on_oom=True).ooms > 0
+
+
+def test_compact_min_limit_is_its_unlimited_peak():
+    """Compact never grows past what a request needs, so the limit does not change its
+    choices: the smallest workable limit is the page-rounded peak it reserves unlimited."""
+    t = GENERATORS["bursty"]()
+    m = min_limit(t, "compact", tolerance=1, page_size=PAGE)
+    assert m.limit == m.unlimited_reserved_bytes
+    assert m.limit % PAGE == 0
+
+
+def test_min_limit_of_an_empty_trace_and_bad_input():
+    empty = Trace.from_arrays(op=[], id=[], size=[])
+    assert min_limit(empty, "compact").limit == 0
+    with pytest.raises(ValueError, match="policy"):
+        min_limit(empty, "tetris")
+    with pytest.raises(ValueError, match="tolerance"):
+        min_limit(GENERATORS["bursty"](), "bfc", tolerance=0)
+
+
+def test_cli_min_limit_reports_bytes_and_factor(capsys):
+    assert replay_main(["synthetic:fragmenting", "-p", "bfc,compact", "--min-limit",
+                        "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "min limit" in out and "x peak" in out
+    lines = [ln for ln in out.splitlines() if ln.startswith("fragmenting")]
+    assert [ln.split()[1] for ln in lines] == ["bfc", "compact"]

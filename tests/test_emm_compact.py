@@ -1,0 +1,134 @@
+"""The compact policy behind the Numba EMM plugin, on CPU (fake context,
+simulated backends): two spaces, selection through ``NUMBA_BFC_CONF``, OOM
+recovery, reset, and random churn."""
+
+import random
+
+import pytest
+
+cuda = pytest.importorskip("numba.cuda")
+if not hasattr(cuda, "HostOnlyCUDAMemoryManager"):
+    pytest.skip("the CUDA simulator has no EMM interface", allow_module_level=True)
+
+from numba_bfc import CompactAllocator  # noqa: E402
+from numba_bfc.backends import VirtualSubAllocator  # noqa: E402
+from numba_bfc.integrations.numba_emm import (  # noqa: E402
+    CudaOutOfMemoryError,
+    NumbaBFCMemoryManager,
+)
+from numba_bfc.invariants import check_invariants  # noqa: E402
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+class FakeDevice:
+    id = 0
+
+    def get_device_identity(self):
+        return {"pci_domain_id": 0, "pci_bus_id": 7, "pci_device_id": 0}
+
+
+class FakeContext:
+    def __init__(self):
+        self.device = FakeDevice()
+        self.handle = None
+
+
+def spaces(capacity=64 * MiB):
+    """A backend factory as the plugin calls it: once per space, each a range of its own."""
+    made = []
+
+    def factory(context):
+        made.append(VirtualSubAllocator(capacity=capacity, contiguous=True,
+                                        base=(1 << 40) * (len(made) + 1)))
+        return made[-1]
+
+    return factory, made
+
+
+def make_manager(limit=32 * MiB, **options):
+    factory, made = spaces()
+    mgr = NumbaBFCMemoryManager(context=FakeContext(), policy="compact", backend=factory,
+                                memory_limit=limit, page_size=64 * KiB, **options)
+    mgr.initialize()
+    return mgr, made
+
+
+def addr(mp):
+    return int(mp.device_pointer_value or 0)
+
+
+def test_compact_gets_a_small_space_of_its_own():
+    mgr, made = make_manager()
+    big = mgr.memalloc(2 * MiB)
+    small = [mgr.memalloc(1000) for _ in range(4)]
+    alloc = mgr.allocator
+    assert isinstance(alloc, CompactAllocator) and alloc.small_backend is not None
+    assert len(made) == 2 and made[0].bytes_held == 2 * MiB and made[1].bytes_held == 64 * KiB
+    assert addr(big) < 2 << 40 <= min(addr(m) for m in small)
+    check_invariants(alloc)
+    del big, small
+    assert mgr.allocator.get_stats().bytes_in_use == 0
+
+
+def test_numba_bfc_conf_selects_compact_on_virtual_memory(monkeypatch):
+    monkeypatch.setenv("NUMBA_BFC_CONF", "policy:compact,page_size:4MiB")
+    mgr = NumbaBFCMemoryManager(context=None)
+    assert (mgr.policy, mgr._backend_spec) == ("compact", "virtual")
+    monkeypatch.setenv("NUMBA_BFC_CONF", "policy:compact,backend:plain")
+    assert NumbaBFCMemoryManager(context=None)._backend_spec == "plain"
+    with pytest.raises(TypeError, match="compact"):
+        NumbaBFCMemoryManager(context=None, policy="compact", allow_growth=True)
+
+
+def test_an_instance_backend_gives_one_space():
+    backend = VirtualSubAllocator(capacity=16 * MiB, contiguous=True)
+    mgr = NumbaBFCMemoryManager(context=FakeContext(), policy="compact", backend=backend,
+                                memory_limit=16 * MiB, page_size=64 * KiB)
+    mp = mgr.memalloc(1000)
+    assert mgr.allocator.small_backend is None and backend.bytes_held == 64 * KiB
+    del mp
+    mgr.reset()
+    assert backend.bytes_held == 0
+
+
+def test_oom_gives_the_other_space_its_free_tail_back():
+    mgr, made = make_manager(limit=4 * MiB)
+    tiny = [mgr.memalloc(4000) for _ in range(200)]  # ~800 KiB of small space
+    del tiny
+    assert made[1].bytes_held > 0  # kept: the release threshold is 0
+    big = mgr.memalloc(4 * MiB - 64 * KiB)  # fits only once the small tail goes back
+    assert made[1].bytes_held == 0 and addr(big) != 0
+    with pytest.raises(CudaOutOfMemoryError):
+        mgr.memalloc(MiB)
+    check_invariants(mgr.allocator)
+
+
+def test_reset_releases_both_spaces():
+    mgr, made = make_manager()
+    keep = [mgr.memalloc(3 * MiB), mgr.memalloc(100)]
+    mgr.reset()
+    assert [b.bytes_held for b in made] == [0, 0]
+    assert addr(mgr.memalloc(256)) != 0
+    del keep
+
+
+def test_random_churn_keeps_blocks_disjoint_and_tables_consistent():
+    mgr, made = make_manager(limit=48 * MiB)
+    rng = random.Random(5)
+    live = []
+    for step in range(1500):
+        if live and rng.random() < 0.48:
+            live.pop(rng.randrange(len(live)))
+        else:
+            size = rng.choice([rng.randint(1, 8 * KiB), rng.randint(1, 3 * MiB)])
+            try:
+                live.append(mgr.memalloc(size))
+            except CudaOutOfMemoryError:
+                live = live[len(live) // 2:]
+        if step % 300 == 0:
+            spans = sorted((addr(m), addr(m) + m.size) for m in live)
+            assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:]))
+            check_invariants(mgr.allocator)
+    held = sum(b.bytes_held for b in made)
+    assert held == mgr.allocator.get_stats().bytes_reserved <= 48 * MiB
