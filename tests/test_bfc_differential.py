@@ -2,6 +2,7 @@
 addresses, same errors, same stats, same chunk layout, invariants after every step."""
 
 import numpy as np
+from _support import batch_program, single_calls
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -116,29 +117,10 @@ def test_numba_matches_reference(config, program):
                         max_size=300))
 def test_batch_matches_single_calls(program):
     """The batch entry point does exactly what one call per operation does."""
-    ops, ids, szs, live, next_id = [], [], [], [], 0
-    for is_alloc, size, pick in program:
-        if is_alloc or not live:
-            ops.append(0)
-            ids.append(next_id)
-            szs.append(size)
-            live.append(next_id)
-            next_id += 1
-        else:
-            ops.append(1)
-            ids.append(live.pop(pick % len(live)))
-            szs.append(0)
+    ops, ids, szs = batch_program(program)
     a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
     out = a.run_batch(np.array(ops), np.array(ids), np.array(szs))
     b = ReferenceBFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
-    addr, expect = {}, []
-    for op, i, s in zip(ops, ids, szs):
-        if op == 0:
-            addr[i] = b.allocate_raw(s)
-            expect.append(addr[i])
-        else:
-            b.deallocate_raw(addr.pop(i))
-            expect.append(0)
-    assert out.tolist() == expect
+    assert out.tolist() == single_calls(b, ops, ids, szs)
     assert _observe(a) == _observe(b)
     check_invariants(a)

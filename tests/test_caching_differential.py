@@ -2,6 +2,7 @@
 same errors, same PyTorch statistics and snapshots, invariants after every step."""
 
 import numpy as np
+from _support import batch_program, pointer_step, single_calls
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -50,27 +51,9 @@ def _make(cls, config):
 def _step(a, live, freed, op):
     kind, x, y = op
     try:
-        if kind == "alloc":
-            p = a.allocate_raw(x, alignment=y)
-            live.append(p)
-            return ("ptr", p, a.allocated_size(p), a.requested_size(p), a.allocation_id(p))
-        if kind == "free":
-            if not live:
-                return None
-            p = live.pop(x % len(live))
-            a.deallocate_raw(p)
-            freed.append(p)
-            return "ok"
-        if kind == "bad_free":
-            if y == 0 or (y == 1 and not freed) or (y > 1 and not live):
-                target = (1 << 39) + x * 512
-            elif y == 1:
-                target = freed[x % len(freed)]
-            else:
-                target = live[x % len(live)] + y
-            if target not in live:
-                a.deallocate_raw(target)
-            return "ok"
+        done, outcome = pointer_step(a, live, freed, op, stray_step=512)
+        if done:
+            return outcome
         if kind == "empty_cache":
             return ("empty", a.empty_cache())
         if kind == "reset":
@@ -113,30 +96,11 @@ def test_numba_matches_reference(config, program):
                                   st.integers(0, 99)), max_size=200))
 def test_batch_matches_single_calls(program):
     """The batch entry point does exactly what one call per operation does."""
-    ops, ids, szs, live, next_id = [], [], [], [], 0
-    for is_alloc, size, pick in program:
-        if is_alloc or not live:
-            ops.append(0)
-            ids.append(next_id)
-            szs.append(size)
-            live.append(next_id)
-            next_id += 1
-        else:
-            ops.append(1)
-            ids.append(live.pop(pick % len(live)))
-            szs.append(0)
+    ops, ids, szs = batch_program(program)
     a = CachingAllocator(VirtualSubAllocator())
     out = a.run_batch(np.array(ops), np.array(ids), np.array(szs))
     b = ReferenceCachingAllocator(VirtualSubAllocator())
-    addr, expect = {}, []
-    for op, i, s in zip(ops, ids, szs):
-        if op == 0:
-            addr[i] = b.allocate_raw(s)
-            expect.append(addr[i])
-        else:
-            b.deallocate_raw(addr.pop(i))
-            expect.append(0)
-    assert out.tolist() == expect
+    assert out.tolist() == single_calls(b, ops, ids, szs)
     assert a.memory_stats() == b.memory_stats()
     assert a.memory_snapshot() == b.memory_snapshot()
     check_invariants(a)

@@ -4,6 +4,7 @@ machinery that measures it."""
 
 import numpy as np
 import pytest
+from _support import batch_program, pointer_step, single_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,7 @@ from numba_bfc.invariants import check_invariants
 from numba_bfc.reference import ReferenceCompactAllocator
 from numba_bfc.traces import Trace, min_limit, replay
 from numba_bfc.traces.cli import main as replay_main
+from numba_bfc.traces.data import bundled_names, load_bundled
 from numba_bfc.traces.synthetic import GENERATORS
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -230,28 +232,9 @@ configs = st.fixed_dictionaries({
 
 
 def _step(a, live, freed, op):
-    kind, x, y = op
     try:
-        if kind == "alloc":
-            p = a.allocate_raw(x, alignment=y)
-            live.append(p)
-            return ("ptr", p, a.allocated_size(p), a.requested_size(p), a.allocation_id(p))
-        if kind == "free":
-            if not live:
-                return None
-            p = live.pop(x % len(live))
-            a.deallocate_raw(p)
-            freed.append(p)
-            return "ok"
-        if kind == "bad_free":
-            if y == 0 or not (freed if y == 1 else live):
-                target = (1 << 39) + x * 256
-            else:
-                target = freed[x % len(freed)] if y == 1 else live[x % len(live)] + y
-            if target not in live:
-                a.deallocate_raw(target)
-            return "ok"
-        return ("empty", a.empty_cache())
+        done, outcome = pointer_step(a, live, freed, op)
+        return outcome if done else ("empty", a.empty_cache())
     except OutOfMemoryError as e:
         return ("oom", str(e), e.reason, e.rounded_bytes)
     except InvalidPointerError as e:
@@ -283,30 +266,11 @@ def test_numba_matches_reference(config, program):
        program=st.lists(st.tuples(st.booleans(), sizes, st.integers(0, 99)), max_size=200))
 def test_batch_matches_single_calls(threshold, small, program):
     """The batch kernel (with its give-back round trips) does what single calls do."""
-    ops_, ids, szs, live, next_id = [], [], [], [], 0
-    for is_alloc, size, pick in program:
-        if is_alloc or not live:
-            ops_ += [0]
-            ids += [next_id]
-            szs += [size]
-            live.append(next_id)
-            next_id += 1
-        else:
-            ops_ += [1]
-            ids += [live.pop(pick % len(live))]
-            szs += [0]
+    ops, ids, szs = batch_program(program)
     a = make(threshold=threshold, small=small)
-    out = a.run_batch(np.array(ops_), np.array(ids), np.array(szs))
+    out = a.run_batch(np.array(ops), np.array(ids), np.array(szs))
     b = make(ReferenceCompactAllocator, threshold=threshold, small=small)
-    addr, expect = {}, []
-    for op, i, s in zip(ops_, ids, szs):
-        if op == 0:
-            addr[i] = b.allocate_raw(s)
-            expect.append(addr[i])
-        else:
-            b.deallocate_raw(addr.pop(i))
-            expect.append(0)
-    assert out.tolist() == expect
+    assert out.tolist() == single_calls(b, ops, ids, szs)
     assert _observe(a) == _observe(b)
     check_invariants(a)
 
@@ -389,3 +353,28 @@ def test_cli_min_limit_reports_bytes_and_factor(capsys):
     assert "min limit" in out and "x peak" in out
     lines = [ln for ln in out.splitlines() if ln.startswith("fragmenting")]
     assert [ln.split()[1] for ln in lines] == ["bfc", "compact"]
+
+
+# ---------------------------------------------------------------------- the targets
+GPU_SCALE = [n for n in bundled_names() if load_bundled(n).peak_requested_bytes >= 64 * MiB]
+
+
+def test_there_are_gpu_scale_traces():
+    assert len(GPU_SCALE) >= 5
+
+
+@pytest.mark.parametrize("name", GPU_SCALE)
+def test_compact_fits_real_traces_in_1_10x_their_peak(name):
+    """The issue's target, on the bundled real traces at GPU scale (2 MiB pages): no OOM at
+    1.10x peak live bytes, nor at larger limits (a policy need not be monotone)."""
+    t = load_bundled(name)
+    for factor in (1.10, 1.25, 1.5, 2.0):
+        r = replay(t, "compact", limit=int(factor * t.peak_requested_bytes), stop_on_oom=True)
+        assert r.ooms == 0, (name, factor, r.first_oom)
+
+
+@pytest.mark.parametrize("name", GPU_SCALE)
+def test_compact_needs_no_more_than_bfc_or_caching(name):
+    t = load_bundled(name)
+    found = {p: min_limit(t, p).limit for p in ("bfc", "caching", "compact")}
+    assert found["compact"] <= min(found["bfc"], found["caching"]), found

@@ -10,6 +10,8 @@ cuda = pytest.importorskip("numba.cuda")
 if not hasattr(cuda, "HostOnlyCUDAMemoryManager"):
     pytest.skip("the CUDA simulator has no EMM interface", allow_module_level=True)
 
+from _support import FakeContext  # noqa: E402
+
 from numba_bfc import CompactAllocator  # noqa: E402
 from numba_bfc.backends import VirtualSubAllocator  # noqa: E402
 from numba_bfc.integrations.numba_emm import (  # noqa: E402
@@ -19,19 +21,6 @@ from numba_bfc.integrations.numba_emm import (  # noqa: E402
 from numba_bfc.invariants import check_invariants  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
-
-
-class FakeDevice:
-    id = 0
-
-    def get_device_identity(self):
-        return {"pci_domain_id": 0, "pci_bus_id": 7, "pci_device_id": 0}
-
-
-class FakeContext:
-    def __init__(self):
-        self.device = FakeDevice()
-        self.handle = None
 
 
 def spaces(capacity=64 * MiB):

@@ -18,6 +18,7 @@ cuda = pytest.importorskip("numba.cuda")
 if not hasattr(cuda, "HostOnlyCUDAMemoryManager"):
     pytest.skip("the CUDA simulator has no EMM interface", allow_module_level=True)
 
+from _support import FakeContext  # noqa: E402
 from numba.cuda.cudadrv import driver as drv  # noqa: E402
 
 from numba_bfc.backends import VirtualSubAllocator  # noqa: E402
@@ -43,19 +44,6 @@ POLICIES = [
     pytest.param("caching", marks=pytest.mark.skipif(
         not _caching_importable(), reason="numba_bfc.allocators.caching not importable yet")),
 ]
-
-
-class FakeDevice:
-    id = 0
-
-    def get_device_identity(self):
-        return {"pci_domain_id": 0, "pci_bus_id": 7, "pci_device_id": 0}
-
-
-class FakeContext:
-    def __init__(self):
-        self.device = FakeDevice()
-        self.handle = None
 
 
 def make_manager(capacity=64 * MiB, contiguous=False, granularity=1, policy="bfc", **options):

@@ -20,6 +20,7 @@ cuda = pytest.importorskip("numba.cuda")
 if not hasattr(cuda, "HostOnlyCUDAMemoryManager"):
     pytest.skip("the CUDA simulator has no EMM interface", allow_module_level=True)
 
+from _support import FakeContext, FakeDevice  # noqa: E402
 from numba.cuda.cudadrv import driver as drv  # noqa: E402
 
 from numba_bfc.backends import VirtualSubAllocator  # noqa: E402
@@ -39,22 +40,6 @@ from numba_bfc.integrations.numba_emm import (  # noqa: E402
 )
 
 MiB = 1 << 20
-
-
-class FakeDevice:
-    id = 0
-
-    def get_device_identity(self):
-        return {"pci_domain_id": 0, "pci_bus_id": 7, "pci_device_id": 0}
-
-
-class FakeContext:
-    """What the plugin needs of a Numba ``Context``: a device (and weak-referenceability)."""
-
-    def __init__(self, memory_manager=None):
-        self.device = FakeDevice()
-        self.handle = None
-        self.memory_manager = memory_manager
 
 
 def make_manager(capacity=64 * MiB, contiguous=False, granularity=1, **options):

@@ -34,24 +34,34 @@ class BFCOptions:
     name: str
 
 
-def resolve_bfc_options(backend, **explicit) -> BFCOptions:
-    """Merge explicit arguments (not None) over the environment over defaults.
-
-    ``memory_limit`` defaults to the backend's ``total_memory()``.
-    """
-    env = conf_from_env(BFC_CONF_KEYS)
-    merged = dict(env)
+def _merge(keys, explicit) -> dict:
+    """``NUMBA_BFC_CONF``'s values for ``keys``, overridden by explicit ones (not None)."""
+    merged = dict(conf_from_env(keys))
     merged.update({k: v for k, v in explicit.items() if v is not None})
+    return merged
+
+
+def _required_limit(merged, backend) -> int:
+    """``memory_limit`` from ``merged``, else the backend's ``total_memory()``."""
     limit = merged.get("memory_limit")
     if limit is None:
         limit = backend.total_memory()
         if limit is None:
             raise ValueError(
-                "memory_limit is required: the backend has no capacity to default to"
-            )
+                "memory_limit is required: the backend has no capacity to default to")
     limit = parse_size(limit, name="memory_limit")
     if limit <= 0 or limit >= 1 << 62:
         raise ValueError(f"memory_limit must be in (0, 2**62), got {limit}")
+    return limit
+
+
+def resolve_bfc_options(backend, **explicit) -> BFCOptions:
+    """Merge explicit arguments (not None) over the environment over defaults.
+
+    ``memory_limit`` defaults to the backend's ``total_memory()``.
+    """
+    merged = _merge(BFC_CONF_KEYS, explicit)
+    limit = _required_limit(merged, backend)
     frac = parse_float(merged.get("fragmentation_fraction", 0.0), name="fragmentation_fraction")
     if not 0.0 <= frac <= 1.0:
         raise ValueError(f"fragmentation_fraction must be in [0, 1], got {frac}")
@@ -94,17 +104,8 @@ def resolve_compact_options(backend, **explicit) -> CompactOptions:
     at least 256 bytes, else 2 MiB; ``release_threshold`` to 0 (give free
     tails back only on ``empty_cache()`` and before an out-of-memory error).
     """
-    merged = dict(conf_from_env(COMPACT_CONF_KEYS))
-    merged.update({k: v for k, v in explicit.items() if v is not None})
-    limit = merged.get("memory_limit")
-    if limit is None:
-        limit = backend.total_memory()
-        if limit is None:
-            raise ValueError(
-                "memory_limit is required: the backend has no capacity to default to")
-    limit = parse_size(limit, name="memory_limit")
-    if limit <= 0 or limit >= 1 << 62:
-        raise ValueError(f"memory_limit must be in (0, 2**62), got {limit}")
+    merged = _merge(COMPACT_CONF_KEYS, explicit)
+    limit = _required_limit(merged, backend)
     page = merged.get("page_size")
     if page is None:
         granularity = int(getattr(backend, "granularity", 0) or 0)

@@ -18,11 +18,15 @@ from ..kernels.ptrmap import map_lookup, map_rehash
 from ..policies.batch import FAILED, RELEASE_DUE, sample_usage
 from ..policies.batch import run_batch as _run_batch_kernel
 from . import _report
+from ._fastcall import Kernel
 from ._validate import check_alignment
 
 ALLOCATE = 0
 FREE = 1
 _NO_SERIES = np.zeros((0, 2), dtype=np.int64)
+# Every caller passes the same argument types (arrays made contiguous with
+# fixed dtypes), so the batch kernel can skip the dispatcher after first use.
+_RUN_BATCH = Kernel(_run_batch_kernel)
 
 
 class TableStore:
@@ -164,9 +168,9 @@ class TableStore:
         in_use = self._IN_USE_SLOT
         grown_at = -1
         while True:
-            i, code = _run_batch_kernel(self._POLICY, self._chunks, self._bins, self._regions,
-                                        self._pmap, self._state, ops, ids, sizes, alignment,
-                                        id_ptr, out, i, stop, series, stride, in_use)
+            i, code = _RUN_BATCH.call(self._POLICY, self._chunks, self._bins, self._regions,
+                                      self._pmap, self._state, ops, ids, sizes, alignment,
+                                      id_ptr, out, i, stop, series, stride, in_use)
             if code == 0:
                 return
             if code == L.NEED_ROWS:

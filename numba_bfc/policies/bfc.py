@@ -65,14 +65,13 @@ def fit_in_tree(chunks, root, rounded, alignment, quantum, freed_before):
 
 
 @njit(cache=True)
-def find_fit(chunks, bins, state, rounded, alignment, freed_before):
-    """Best fit: first chunk in ``(size, ptr)`` order, from the request's bin up,
-    that holds ``rounded`` bytes after alignment padding and is not tagged later
-    than ``freed_before``. Returns a handle or -1.
+def find_fit(chunks, bins, state, rounded, alignment, freed_before, first_bin, stop_bin):
+    """Best fit: first chunk in ``(size, ptr)`` order, in bins ``first_bin`` up to
+    ``stop_bin`` (exclusive), that holds ``rounded`` bytes after alignment padding
+    and is not tagged later than ``freed_before``. Returns a handle or -1.
     """
     quantum = state[S_MIN_ALLOCATION]
-    nbins = state[S_NUM_BINS]
-    for b in range(bin_for_size(rounded, quantum, nbins), nbins):
+    for b in range(first_bin, stop_bin):
         if bins[b]["num_chunks"] == 0:
             continue
         h = fit_in_tree(chunks, bins[b]["root"], rounded, alignment, quantum, freed_before)
@@ -117,21 +116,35 @@ def take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignm
 
 
 @njit(cache=True)
-def bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed_before):
-    """Serve ``num_bytes`` (> 0) from the free chunks.
+def allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, alignment,
+                       freed_before, first_bin, stop_bin):
+    """Serve ``num_bytes`` (``rounded`` after rounding, ``alignment`` at least the
+    quantum) by best fit in bins ``first_bin..stop_bin-1``.
 
     Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
     nothing has changed.
     """
     if not room_for_operation(pmap, state):
         return NEED_ROWS
-    quantum = state[S_MIN_ALLOCATION]
-    rounded = round_up(num_bytes, quantum)
-    alignment = max(alignment, quantum)
-    h = find_fit(chunks, bins, state, rounded, alignment, freed_before)
+    h = find_fit(chunks, bins, state, rounded, alignment, freed_before, first_bin, stop_bin)
     if h == NO_HANDLE:
         return NOT_FOUND
     return take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignment)
+
+
+@njit(cache=True)
+def bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed_before):
+    """Serve ``num_bytes`` (> 0) from the size bins, from the request's bin up.
+
+    Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
+    nothing has changed.
+    """
+    quantum = state[S_MIN_ALLOCATION]
+    rounded = round_up(num_bytes, quantum)
+    nbins = state[S_NUM_BINS]
+    return allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded,
+                              max(alignment, quantum), freed_before,
+                              bin_for_size(rounded, quantum, nbins), nbins)
 
 
 @njit(cache=True)

@@ -21,15 +21,9 @@ from __future__ import annotations
 
 from numba import njit
 
-from ..kernels.chunks import free_tail_start, room_for_operation, round_up
-from ..kernels.layout import (
-    NEED_ROWS,
-    NO_HANDLE,
-    NOT_FOUND,
-    S_MIN_ALLOCATION,
-    STATE_SIZE,
-)
-from .bfc import fit_in_tree, free_and_coalesce, take_chunk
+from ..kernels.chunks import free_tail_start, round_up
+from ..kernels.layout import NO_HANDLE, S_MIN_ALLOCATION, STATE_SIZE
+from .bfc import allocate_from_bins, free_and_coalesce
 
 S_RELEASE_THRESHOLD = STATE_SIZE  # free tail bytes that trigger a release (0: never)
 S_RELEASE_DUE = STATE_SIZE + 1  # region row + 1 whose tail is due, 0 if none
@@ -54,18 +48,11 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
     Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
     nothing has changed.
     """
-    if not room_for_operation(pmap, state):
-        return NEED_ROWS
     quantum = state[S_MIN_ALLOCATION]
     rounded = round_up(num_bytes, quantum)
-    alignment = max(alignment, quantum)
     space = space_for(rounded, state)
-    if bins[space]["num_chunks"] == 0:
-        return NOT_FOUND
-    h = fit_in_tree(chunks, bins[space]["root"], rounded, alignment, quantum, freed_before)
-    if h == NO_HANDLE:
-        return NOT_FOUND
-    return take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignment)
+    return allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded,
+                              max(alignment, quantum), freed_before, space, space + 1)
 
 
 @njit(cache=True)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..allocators import BFCAllocator, CachingAllocator, CompactAllocator
+from ..allocators._validate import check_alignment
 from ..backends import VirtualSubAllocator
 from ..errors import OutOfMemoryError
 from ..reference import ReferenceBFCAllocator, ReferenceCachingAllocator, ReferenceCompactAllocator
@@ -248,11 +249,15 @@ def replay(
     use_kernel = has_kernel and engine != "python"
     if series_points < 0:
         raise ValueError(f"series_points must be >= 0, got {series_points}")
+    alignment = check_alignment(alignment)
+    if use_kernel:
+        alignment = allocator._batch_alignment(alignment)
 
     n = len(trace)
-    ops = np.ascontiguousarray(trace.ops)
-    sizes = np.ascontiguousarray(trace.sizes)
-    slots = trace.slots().copy()  # writable: the kernel is compiled for writable arrays
+    # The batch kernel's argument types, exactly (TableStore.run_batch makes the same).
+    ops = np.ascontiguousarray(trace.ops, dtype=np.int8)
+    sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)
+    slots = np.array(trace.slots(), dtype=np.int64)  # a writable copy
     # Peaks come from the samples, so there is always at least one bucket.
     stride = max(1, -(-n // max(series_points, 1)))
     usage = np.zeros((-(-n // stride) if stride else 0, 2), dtype=np.int64)

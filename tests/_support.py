@@ -1,0 +1,81 @@
+"""Test scaffolding shared by several test modules (imported as ``_support``)."""
+
+from __future__ import annotations
+
+
+def batch_program(program):
+    """``(is_alloc, size, pick)`` triples -> ``(ops, ids, sizes)`` lists of a valid batch:
+    an allocation gets the next id, a free picks a live id (an allocation when none is)."""
+    ops, ids, sizes, live, next_id = [], [], [], [], 0
+    for is_alloc, size, pick in program:
+        if is_alloc or not live:
+            ops.append(0)
+            ids.append(next_id)
+            sizes.append(size)
+            live.append(next_id)
+            next_id += 1
+        else:
+            ops.append(1)
+            ids.append(live.pop(pick % len(live)))
+            sizes.append(0)
+    return ops, ids, sizes
+
+
+def single_calls(allocator, ops, ids, sizes):
+    """Run a batch one ``allocate_raw``/``deallocate_raw`` call per operation; the
+    addresses ``run_batch`` should return (0 for frees)."""
+    addr, out = {}, []
+    for op, i, s in zip(ops, ids, sizes):
+        if op == 0:
+            addr[i] = allocator.allocate_raw(s)
+            out.append(addr[i])
+        else:
+            allocator.deallocate_raw(addr.pop(i))
+            out.append(0)
+    return out
+
+
+class FakeDevice:
+    """What the Numba plugin needs of a device."""
+
+    id = 0
+
+    def get_device_identity(self):
+        return {"pci_domain_id": 0, "pci_bus_id": 7, "pci_device_id": 0}
+
+
+class FakeContext:
+    """What the Numba plugin needs of a Numba ``Context``: a device (and weak-referenceability)."""
+
+    def __init__(self, memory_manager=None):
+        self.device = FakeDevice()
+        self.handle = None
+        self.memory_manager = memory_manager
+
+
+def pointer_step(a, live, freed, op, stray_step=256):
+    """Apply ``("alloc", size, alignment)``, ``("free", pick, _)`` or ``("bad_free", pick,
+    kind)`` to allocator ``a``; return ``(True, outcome)``, or ``(False, None)`` for
+    another kind. ``bad_free`` frees an unknown (kind 0), freed (1) or interior
+    (> 1: that offset) pointer; errors propagate to the caller."""
+    kind, x, y = op
+    if kind == "alloc":
+        p = a.allocate_raw(x, alignment=y)
+        live.append(p)
+        return True, ("ptr", p, a.allocated_size(p), a.requested_size(p), a.allocation_id(p))
+    if kind == "free":
+        if not live:
+            return True, None
+        p = live.pop(x % len(live))
+        a.deallocate_raw(p)
+        freed.append(p)
+        return True, "ok"
+    if kind == "bad_free":
+        if y == 0 or not (freed if y == 1 else live):
+            target = (1 << 39) + x * stray_step
+        else:
+            target = freed[x % len(freed)] if y == 1 else live[x % len(live)] + y
+        if target not in live:
+            a.deallocate_raw(target)
+        return True, "ok"
+    return False, None
