@@ -8,10 +8,16 @@ from _support import batch_program, pointer_step, single_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numba_bfc import CompactAllocator, InvalidPointerError, OutOfMemoryError
+from numba_bfc import (
+    BFCAllocator,
+    CompactAllocator,
+    InvalidPointerError,
+    OutOfMemoryError,
+    SharedCounter,
+)
 from numba_bfc.backends import HostSubAllocator, VirtualSubAllocator
 from numba_bfc.invariants import check_invariants
-from numba_bfc.reference import ReferenceCompactAllocator
+from numba_bfc.reference import ReferenceBFCAllocator, ReferenceCompactAllocator
 from numba_bfc.traces import Trace, min_limit, replay
 from numba_bfc.traces.cli import main as replay_main
 from numba_bfc.traces.data import bundled_names, load_bundled
@@ -378,3 +384,50 @@ def test_compact_needs_no_more_than_bfc_or_caching(name):
     t = load_bundled(name)
     found = {p: min_limit(t, p).limit for p in ("bfc", "caching", "compact")}
     assert found["compact"] <= min(found["bfc"], found["caching"]), found
+
+
+# ---------------------------------------------------------------------- review regressions
+@pytest.mark.parametrize("cls", [CompactAllocator, ReferenceCompactAllocator])
+def test_a_space_never_absorbs_the_other_spaces_adjacent_piece(cls):
+    big = VirtualSubAllocator(contiguous=True, base=1 << 40)
+    small = VirtualSubAllocator(contiguous=True, base=(1 << 40) + 2 * MiB)  # right after
+    a = cls(big, memory_limit=64 * MiB, page_size=2 * MiB, small_size=MiB,
+            small_backend=small)
+    a.allocate_raw(2 * MiB)
+    p = a.allocate_raw(1000)
+    assert p == (1 << 40) + 2 * MiB and len(a.regions()) == 2
+    check_invariants(a)
+
+
+@pytest.mark.parametrize("cls", [CompactAllocator, ReferenceCompactAllocator])
+def test_an_oom_that_giving_back_cannot_cure_gives_nothing_back(cls):
+    a = cls(VirtualSubAllocator(contiguous=True), memory_limit=8 * MiB, page_size=MiB)
+    a.allocate_raw(2 * MiB)
+    a.deallocate_raw(a.allocate_raw(4 * MiB))  # a 4 MiB free tail
+    before = (a.get_stats(), a.backend.num_frees, a.regions())
+    with pytest.raises(OutOfMemoryError):
+        a.allocate_raw(7 * MiB)  # 2 MiB in use + 7 > 8 whatever goes back
+    assert (a.get_stats(), a.backend.num_frees, a.regions()) == before
+    assert not a.deallocate_free_regions(100 * MiB)
+    assert a.deallocate_free_regions(0) and a.get_stats().bytes_reserved == 2 * MiB
+
+
+@pytest.mark.parametrize("cls,ref", [(CompactAllocator, ReferenceCompactAllocator),
+                                     (BFCAllocator, ReferenceBFCAllocator)])
+@settings(max_examples=40, deadline=None)
+@given(program=st.lists(st.tuples(st.booleans(), st.integers(1, 300 * KiB),
+                                  st.integers(0, 99)), max_size=120),
+       frontier=st.integers(0, 30))
+def test_batch_with_timed_frees_matches_single_calls(cls, ref, program, frontier):
+    ops, ids, szs = batch_program(program)
+    allocators = []
+    for c in (cls, ref):
+        x = c(VirtualSubAllocator(contiguous=True), memory_limit=64 * MiB)
+        x.set_timing_counter(SharedCounter())
+        x.deallocate_raw(x.allocate_raw(5000))  # a timed free pending before the batch
+        x.set_safe_frontier(frontier)
+        allocators.append(x)
+    out = allocators[0].run_batch(np.array(ops), np.array(ids), np.array(szs))
+    assert out.tolist() == single_calls(allocators[1], ops, ids, szs)
+    assert allocators[0]._records().tolist() == allocators[1]._records().tolist()
+    check_invariants(allocators[0])

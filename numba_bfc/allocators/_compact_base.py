@@ -74,9 +74,9 @@ class CompactGrowth:
         InvalidPointerError
             Double free, interior pointer or unknown pointer; state unchanged.
         """
-        super().deallocate_raw(ptr)
-        if self._release_pending():
-            with self._lock:
+        with self._lock:  # the give-back decision belongs to this free, atomically
+            super().deallocate_raw(ptr)
+            if self._release_pending():
                 self._release_due()
 
     def empty_cache(self) -> int:
@@ -160,10 +160,15 @@ class CompactGrowth:
         if base is not None:
             self._release_tail(base)
 
+    def _releasable_pieces(self, base: int, size: int) -> list[int]:
+        """Starts of the backend pieces inside the free tail of the region at ``base``."""
+        end = base + size
+        return list(self._pieces.irange(self._tail_start(base, end), end - 1))
+
     def _release_tail(self, base: int) -> int:
         """Give back the backend pieces inside the free tail of the region at ``base``."""
         end = base + dict(self._region_list())[base]
-        released = list(self._pieces.irange(self._tail_start(base, end), end - 1))
+        released = self._releasable_pieces(base, end - base)
         if not released:
             return 0
         new_end = released[0]
@@ -178,7 +183,12 @@ class CompactGrowth:
         return sum(self._release_tail(base) for base, _ in self._region_list())
 
     def _release_free_regions(self, rounded: int) -> bool:
-        # BFC's garbage collection of whole free regions, generalised to free tails.
+        # BFC's garbage collection of whole free regions, generalised to free tails,
+        # and as BFC's: nothing goes back when that cannot make room for ``rounded``.
+        releasable = sum(self._pieces[p][0] for base, size in self._region_list()
+                         for p in self._releasable_pieces(base, size))
+        if releasable == 0 or rounded > self.memory_limit - self._usage()[1] + releasable:
+            return False
         return self._release_all_tails() > 0
 
     # ------------------------------------------------------------------ store hooks

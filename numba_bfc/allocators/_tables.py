@@ -1,11 +1,13 @@
 """What every table-backed allocator shares: growing tables, records, batches.
 
-``BFCAllocator`` and ``CachingAllocator`` keep their state in the same five
-tables (``numba_bfc.kernels.layout``); this mixin grows them when a kernel
-answers ``NEED_ROWS``, turns them into records for reporting, looks pointers
-up, and drives the batch kernel. Policies supply ``_POLICY`` (the batch
-kernel's policy code), ``_serve_not_found`` (the slow path for one
-allocation) and ``_before_batch``.
+``BFCAllocator``, ``CachingAllocator`` and ``CompactAllocator`` keep their
+state in the same five tables (``numba_bfc.kernels.layout``); this mixin grows
+them when a kernel answers ``NEED_ROWS``, turns them into records for
+reporting, looks pointers up, and drives the batch kernel (or, while timed
+frees are in play, one public call per operation). Policies supply
+``_POLICY`` (the batch kernel's policy code), ``_serve_not_found`` (the slow
+path for one allocation), and optionally ``_grow_for`` and
+``_serve_release_due``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,38 @@ class TableStore:
             self._regions = L.grow_regions(self._regions)
         if st[L.S_TSQ_COUNT] >= self._tsq.shape[0]:
             self._tsq = L.grow_queue(self._tsq, st)
+
+    def _drive_single(self, ops, ids, sizes, alignment, id_ptr, out, start, stop, series,
+                      stride, on_oom) -> None:
+        """``_drive_batch`` one public call per operation (same results, slower)."""
+        for i in range(start, stop):
+            if ops[i] == ALLOCATE:
+                p = 0
+                if sizes[i]:
+                    try:
+                        p = self.allocate_raw(int(sizes[i]), alignment)
+                    except OutOfMemoryError as e:
+                        if on_oom is None:
+                            raise
+                        on_oom(i, e)
+                        p = FAILED
+                id_ptr[ids[i]] = p
+                out[i] = max(p, 0)
+            else:
+                p = int(id_ptr[ids[i]])
+                out[i] = 0
+                if p < 0 and p != FAILED:
+                    raise self._not_live(i, ids)
+                if p > 0:
+                    self.deallocate_raw(p)
+                id_ptr[ids[i]] = -1
+            if stride > 0:
+                sample_usage(series, stride, i, self._state, self._IN_USE_SLOT)
+
+    def _not_live(self, i: int, ids) -> InvalidPointerError:
+        return InvalidPointerError(
+            f"{self._name}: batch operation {i} frees id {int(ids[i])}, which is not live in "
+            "this batch", ptr=0, kind="unknown")
 
     def _grow_for(self, n: int, alignment: int) -> bool:
         """Grow the pool so that the kernel can serve ``n`` bytes when it
@@ -153,7 +187,6 @@ class TableStore:
         id_ptr = np.full(int(ids.max()) + 1 if ids.size else 1, -1, dtype=np.int64)
         out = np.zeros(ops.shape[0], dtype=np.int64)
         with self._lock:
-            self._before_batch()
             self._drive_batch(ops, ids, sizes, alignment, id_ptr, out, 0, ops.shape[0])
         return out
 
@@ -164,6 +197,10 @@ class TableStore:
         fails raises ``OutOfMemoryError``, or with ``on_oom`` is reported to
         ``on_oom(index, error)`` and skipped (its id marked ``FAILED``).
         The caller holds the lock."""
+        if getattr(self, "_timestamps_used", False):
+            # Timed frees and their merging happen per call; keep single-call semantics.
+            return self._drive_single(ops, ids, sizes, alignment, id_ptr, out, start, stop,
+                                      series, stride, on_oom)
         i = start
         in_use = self._IN_USE_SLOT
         grown_at = -1
@@ -182,9 +219,7 @@ class TableStore:
                     sample_usage(series, stride, i - 1, self._state, in_use)
                 continue
             if code != L.NOT_FOUND:
-                raise InvalidPointerError(
-                    f"{self._name}: batch operation {i} frees id {int(ids[i])}, which is "
-                    "not live in this batch", ptr=0, kind="unknown")
+                raise self._not_live(i, ids)
             if i != grown_at and self._grow_for(int(sizes[i]), alignment):
                 grown_at = i  # the kernel retries; a second miss takes the slow path
                 continue

@@ -118,10 +118,6 @@ class BFCAllocator(TableStore, BFCBase):
     def _request_too_large(self, n: int, alignment: int):
         return self._out_of_memory(n, 0, alignment, "limit")
 
-    def _before_batch(self) -> None:
-        if self._timestamps_used:
-            self._merge_timestamped(0, self._safe_frontier)
-
     def _serve_not_found(self, n: int, alignment: int) -> int:
         return self._allocate_slow(n, alignment, 0)
 

@@ -117,9 +117,6 @@ class CachingAllocator(TableStore, CachingBase):
     def _request_too_large(self, n: int, alignment: int):
         return self._out_of_memory(n, n)
 
-    def _before_batch(self) -> None:
-        pass
-
     def _serve_not_found(self, n: int, alignment: int) -> int:
         return self._malloc_slow(n)
 

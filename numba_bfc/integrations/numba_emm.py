@@ -433,10 +433,16 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
             self._all_tracked = []
             try:
                 if not _drv.utils.shutting_down():
+                    errors = []
                     for tracked, owned in all_tracked:
-                        tracked.release_all()
-                        if owned and hasattr(tracked.inner, "close"):
-                            tracked.inner.close()
+                        try:  # every backend goes back, even if one fails
+                            tracked.release_all()
+                            if owned and hasattr(tracked.inner, "close"):
+                                tracked.inner.close()
+                        except Exception as e:
+                            errors.append(e)
+                    if errors:
+                        raise errors[0]
             finally:
                 super().reset()
 

@@ -170,17 +170,19 @@ def try_to_coalesce(chunks, bins, regions, state, h, ignore_freed_at):
 def add_region(chunks, bins, regions, state, ptr, size, coalesce, pool_bin):
     """Add backend memory ``[ptr, ptr+size)`` as one free chunk (TF's ``Extend`` tail).
 
-    With ``coalesce``, memory starting exactly where a region ends extends that
-    region and may merge with its free tail. ``pool_bin`` is the region's fixed
-    bin, or -1 to bin chunks by size. Returns the region row, or ``NEED_ROWS``
-    (nothing changed) when a table is full.
+    With ``coalesce``, memory starting exactly where a region with the same
+    ``pool_bin`` ends extends that region and may merge with its free tail.
+    ``pool_bin`` is the region's fixed bin, or -1 to bin chunks by size.
+    Returns the region row, or ``NEED_ROWS`` (nothing changed) when a table is
+    full.
     """
     if state[S_FREE_ROWS] < 1:
         return NEED_ROWS
     r = -1
     if coalesce:
         for i in range(regions.shape[0]):
-            if regions[i]["size"] > 0 and regions[i]["base"] + regions[i]["size"] == ptr:
+            if (regions[i]["size"] > 0 and regions[i]["base"] + regions[i]["size"] == ptr
+                    and regions[i]["bin"] == pool_bin):
                 r = i
                 break
     if r < 0:

@@ -162,7 +162,7 @@ class ReferenceBFCAllocator(BFCBase):
             i = self._region_map.bisect_left(ptr)
             if i > 0:
                 prev = self._region_map.peekitem(i - 1)[1]
-                if prev.base + prev.size == ptr:
+                if prev.base + prev.size == ptr and prev.pool == pool_bin:
                     region = prev
         if region is None:
             region = _Region(ptr, size, pool_bin)

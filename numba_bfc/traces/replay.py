@@ -281,7 +281,6 @@ def replay(
     try:
         if use_kernel:
             with allocator._lock:
-                allocator._before_batch()
                 for start in range(0, n, _CHUNK_EVENTS):
                     stop = min(n, start + _CHUNK_EVENTS)
                     try:
