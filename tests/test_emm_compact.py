@@ -121,3 +121,24 @@ def test_random_churn_keeps_blocks_disjoint_and_tables_consistent():
             check_invariants(mgr.allocator)
     held = sum(b.bytes_held for b in made)
     assert held == mgr.allocator.get_stats().bytes_reserved <= 48 * MiB
+
+
+def test_reset_releases_the_small_space_even_if_the_large_one_fails():
+    class Failing(VirtualSubAllocator):
+        def _free(self, ptr, nbytes):
+            raise RuntimeError("driver says no")
+
+    made = []
+
+    def factory(context):
+        cls = Failing if not made else VirtualSubAllocator
+        made.append(cls(capacity=64 * MiB, contiguous=True, base=(1 << 40) * (len(made) + 1)))
+        return made[-1]
+
+    mgr = NumbaBFCMemoryManager(context=FakeContext(), policy="compact", backend=factory,
+                                memory_limit=32 * MiB, page_size=64 * KiB)
+    keep = [mgr.memalloc(2 * MiB), mgr.memalloc(100)]
+    with pytest.raises(RuntimeError, match="driver says no"):
+        mgr.reset()
+    assert made[1].bytes_held == 0 and made[0].bytes_held > 0
+    del keep
