@@ -42,6 +42,15 @@ class AllocatorStats:
     largest_free_block_bytes: int = 0
     fragmentation: float = 0.0
 
+    def _repr_html_(self) -> str:
+        from ._html import table
+
+        rows = [(k, f"{v:.4f}" if isinstance(v, float) else
+                 f"{v:,}" + (f" ({format_bytes(v)})" if "bytes" in k or "size" in k
+                             or k == "bytes_limit" else ""))
+                for k, v in self.to_dict().items()]
+        return table(rows, "AllocatorStats")
+
     def to_dict(self) -> dict:
         """The fields as a plain, JSON-serialisable dict."""
         return asdict(self)

@@ -35,6 +35,14 @@ class PooledAllocator(Allocator):
         """Always True: requested and allocated sizes are known for every pointer."""
         return True
 
+    def chunks(self):
+        """Every chunk (block) of the pool, in address order: a structured array
+        with ``address``, ``size``, ``requested_size`` (0 when free), ``bin``
+        (-1 when in use, except caching pools, which name the pool),
+        ``in_use``, ``allocation_id`` and ``freed_at_count``."""
+        with self._lock:
+            return self._records()
+
     def requested_size(self, ptr: int) -> int:
         """Bytes the client asked for at ``ptr``."""
         return self._live(ptr)[0]
@@ -46,6 +54,26 @@ class PooledAllocator(Allocator):
     def allocation_id(self, ptr: int) -> int:
         """The unique id (> 0) of the live allocation at ``ptr``."""
         return self._live(ptr)[2]
+
+    def _repr_html_(self) -> str:
+        """Jupyter's display: the main counters and the occupancy strip."""
+        from .._html import occupancy_svg, table
+        from ..stats import format_bytes
+
+        with self._lock:
+            s = self.get_stats()
+            records, regions = self._records(), self._region_list()
+        limit = "none" if not s.bytes_limit else format_bytes(s.bytes_limit)
+        rows = [("in use (peak)", f"{format_bytes(s.bytes_in_use)} "
+                                  f"({format_bytes(s.peak_bytes_in_use)})"),
+                ("reserved (peak)", f"{format_bytes(s.bytes_reserved)} "
+                                    f"({format_bytes(s.peak_bytes_reserved)})"),
+                ("limit", limit),
+                ("regions / chunks", f"{len(regions)} / {len(records)}"),
+                ("largest free block", format_bytes(s.largest_free_block_bytes)),
+                ("fragmentation", f"{s.fragmentation:.3f}")]
+        return (table(rows, f"{type(self).__name__} {self._name!r}")
+                + occupancy_svg(records, regions))
 
     def _invalid_pointer(self, p: int) -> InvalidPointerError:
         return _report.invalid_pointer_error(self._name, self._records(), p)

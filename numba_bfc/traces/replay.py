@@ -144,6 +144,24 @@ class ReplayResult:
             return None
         return self.peak_reserved_bytes / self.offline_bytes
 
+    def _repr_html_(self) -> str:
+        """Jupyter's display: the metrics and the time series as a small chart."""
+        from .._html import series_svg, table
+        from ..stats import format_bytes
+
+        rows = [("events", f"{self.events:,}"),
+                ("peak requested", format_bytes(self.peak_requested_bytes)),
+                ("peak in use", format_bytes(self.peak_in_use_bytes)),
+                ("peak reserved", format_bytes(self.peak_reserved_bytes)),
+                ("reserved / requested", f"{self.reserved_ratio:.3f}"),
+                ("backend allocs / frees", f"{self.backend_allocs} / {self.backend_frees}"),
+                ("OOMs", str(self.ooms)),
+                ("M events/s", f"{self.events_per_second / 1e6:.2f}")]
+        if self.offline_bytes:
+            rows.append(("online / offline plan", f"{self.online_overhead:.3f}"))
+        return (table(rows, f"replay of {self.trace} through {self.policy}")
+                + series_svg(self.series))
+
     def to_dict(self) -> dict[str, Any]:
         """The metrics as plain JSON-ready values (no series, no addresses)."""
         out = {
