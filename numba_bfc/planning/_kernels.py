@@ -730,9 +730,16 @@ def _seg_set(tree, size, pos, value):
 
 @njit(cache=True)
 def greedy_by_size_offsets(sizes, firsts, lasts, alignment):
-    """GREEDY_BY_SIZE offsets (TFLite ``GreedyBySizeAssignment``).
+    """GREEDY_BY_SIZE offsets (TFLite ``GreedyBySizeAssignment``): tensors by
+    size descending (stable) through ``best_fit_offsets``."""
+    return best_fit_offsets(sizes, firsts, lasts, alignment, _size_rank_order(sizes))
 
-    Tensors by size descending (stable); each goes into the smallest gap, lowest
+
+@njit(cache=True)
+def best_fit_offsets(sizes, firsts, lasts, alignment, order):
+    """Best-fit gap placement of the tensors in ``order``.
+
+    Each goes into the smallest gap, lowest
     offset first, between the placed tensors whose lifetime meets its own.
     Those tensors are enumerated from a max segment tree on ``last`` over the
     records sorted by ``first`` (placed ones only), then sorted by
@@ -746,7 +753,6 @@ def greedy_by_size_offsets(sizes, firsts, lasts, alignment):
     seq = np.zeros(n, dtype=np.int64)
     if n == 0:
         return offsets, 0
-    order = _size_rank_order(sizes)
     by_first = np.argsort(firsts, kind="mergesort")
     pos = np.empty(n, dtype=np.int64)
     sorted_first = np.empty(n, dtype=np.int64)

@@ -21,7 +21,13 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("file", help="CSV file of usage records")
-    p.add_argument("--strategy", "-s", default="greedy_by_size", choices=STRATEGIES)
+    p.add_argument("--strategy", "-s", default="greedy_by_size",
+                   choices=(*STRATEGIES, "search"),
+                   help="a TFLite strategy, or search (offsets: greedy starts + branch and bound)")
+    p.add_argument("--time-limit", type=float, default=3.0,
+                   help="seconds for --strategy search (default: 3)")
+    p.add_argument("--capacity", type=int, default=None,
+                   help="--strategy search: stop at the first plan within this many bytes")
     p.add_argument(
         "--kind",
         "-k",
@@ -51,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--alignment must be >= 1, got {args.alignment}")
         if args.kind == "objects" and args.alignment != 1:
             raise ValueError("--alignment only applies to --kind offsets")
+        if args.strategy == "search" and args.kind != "offsets":
+            raise ValueError("--strategy search plans offsets (--kind offsets)")
         records = read_records(args.file)
         bound = lower_bound(records, args.kind)
         if args.kind == "objects":
@@ -61,9 +69,17 @@ def main(argv: list[str] | None = None) -> int:
                 "object_sizes": plan.object_sizes.tolist(),
             }
         else:
-            plan = assign_offsets(records, args.strategy, args.alignment)
+            plan = assign_offsets(records, args.strategy, args.alignment,
+                                  time_limit=args.time_limit, capacity=args.capacity)
             total = plan.total_size
             payload = {"offsets": plan.offsets.tolist()}
+            if plan.search is not None:
+                st = plan.search
+                bound = max(bound, st.lower_bound)
+                payload["search"] = {"optimal": st.optimal, "lower_bound": st.lower_bound,
+                                     "greedy_size": st.greedy_size,
+                                     "greedy_order": st.greedy_order, "nodes": st.nodes,
+                                     "calls": st.calls, "seconds": st.seconds}
     except (OSError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -88,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"total size:  {total}")
         print(f"lower bound: {bound}")
         print(f"ratio:       {ratio:.4f}")
+        if "search" in payload:
+            st = payload["search"]
+            print(f"search:      {'proven optimal' if st['optimal'] else 'not proven optimal'};"
+                  f" greedy start ({st['greedy_order']}) {st['greedy_size']}, {st['nodes']} nodes"
+                  f" in {st['calls']} searches, {st['seconds']:.2f} s")
     return 0
 
 

@@ -98,10 +98,14 @@ class OffsetsAssignment(NamedTuple):
         ``offsets[i]`` is the byte offset of tensor ``i`` (int64).
     total_size : int
         Arena size: ``max(offset + size)`` (not rounded up to the alignment).
+    search : SearchStats or None
+        For the ``search`` strategy: whether the plan is proven optimal, the
+        best lower bound, the greedy start and the search statistics.
     """
 
     offsets: np.ndarray
     total_size: int
+    search: object = None
 
 
 def _check_strategy(strategy: str, dims: int) -> str:
@@ -260,8 +264,25 @@ def objects_to_offsets(assignment: ObjectsAssignment) -> OffsetsAssignment:
     return OffsetsAssignment(starts[ids], int(starts[-1]))
 
 
+def _search(recs, time_limit, capacity) -> OffsetsAssignment:
+    from .search import search_offsets
+
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) \
+            or not time_limit > 0:
+        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+    if capacity is not None:
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) \
+                or capacity < 0:
+            raise ValueError(f"capacity must be a non-negative int, got {capacity!r}")
+    offsets, total, stats = search_offsets(
+        np.ascontiguousarray(recs["size"]), np.ascontiguousarray(recs["first"]),
+        np.ascontiguousarray(recs["last"]), float(time_limit), capacity)
+    return OffsetsAssignment(offsets, int(total), stats)
+
+
 def assign_offsets(
-    records, strategy: str = "greedy_by_size", alignment: int = 1
+    records, strategy: str = "greedy_by_size", alignment: int = 1, *,
+    time_limit: float = 3.0, capacity: int | None = None,
 ) -> OffsetsAssignment:
     """Place tensors in one arena (TFLite ``AssignOffsetsToTensors``).
 
@@ -270,12 +291,17 @@ def assign_offsets(
     records : array_like
         1-D usage records.
     strategy : str
-        ``greedy_by_size`` runs the best-fit-gap offsets algorithm; any other
-        strategy assigns objects and lays them out with
-        :func:`objects_to_offsets`.
+        ``greedy_by_size`` runs the best-fit-gap offsets algorithm; ``search``
+        starts from the best of several greedy orders and improves it by
+        branch and bound (``numba_bfc.planning.search``); any other strategy
+        assigns objects and lays them out with :func:`objects_to_offsets`.
     alignment : int
         Base-address alignment of every gap start (``greedy_by_size`` only;
         TFLite ignores it for the other strategies and so does this function).
+    time_limit : float
+        Seconds ``search`` may take (a cold Numba cache's compile time counts).
+    capacity : int, optional
+        ``search`` stops at the first plan within this arena size.
 
     Returns
     -------
@@ -296,6 +322,8 @@ def assign_offsets(
     dims = record_dims(recs)
     if dims != 1:
         raise ValueError("offsets need 1-D (byte) sizes")
+    if strategy == "search":
+        return _search(recs, time_limit, capacity)
     name = _check_strategy(strategy, dims)
     if name != "greedy_by_size":
         return objects_to_offsets(assign_objects(recs, name))

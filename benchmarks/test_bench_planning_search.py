@@ -1,0 +1,51 @@
+"""The ``search`` offsets strategy against greedy_by_size on cut instances (known optimum).
+
+Run: ``PYTHONPATH=. python -m pytest benchmarks/test_bench_planning_search.py -q -s
+--benchmark-columns=min,median,rounds``. Each group is one instance family
+(buffers x share of time cuts, several seeds); ``extra_info`` has the greedy and
+search arena sizes over the optimum, the time to reach the optimum and whether
+the search proved it. The summary line per family is printed with ``-s``.
+"""
+
+import numpy as np
+import pytest
+
+from numba_bfc.planning import assign_offsets
+from numba_bfc.planning.instances import cut_instance
+
+CAPACITY = 1 << 20
+FAMILIES = [(n, tc) for n in (200, 300, 450) for tc in (0.25, 0.5, 0.75)]
+SEEDS = (0, 1, 2)
+TIME_LIMIT = 10.0
+
+
+@pytest.mark.parametrize("n,time_cuts", FAMILIES)
+def test_greedy(benchmark, n, time_cuts):
+    benchmark.group = f"n={n} time_cuts={time_cuts}"
+    instances = [cut_instance(n, CAPACITY, time_cuts=time_cuts, seed=s)[0] for s in SEEDS]
+    sizes = benchmark(lambda: [assign_offsets(r, "greedy_by_size").total_size
+                               for r in instances])
+    benchmark.extra_info["ratio"] = [round(x / CAPACITY, 3) for x in sizes]
+
+
+@pytest.mark.parametrize("n,time_cuts", FAMILIES)
+def test_search(benchmark, n, time_cuts):
+    benchmark.group = f"n={n} time_cuts={time_cuts}"
+    instances = [cut_instance(n, CAPACITY, time_cuts=time_cuts, seed=s)[0] for s in SEEDS]
+    assign_offsets(instances[0][:20], "search")  # compile or load the kernels
+    plans = benchmark.pedantic(
+        lambda: [assign_offsets(r, "search", time_limit=TIME_LIMIT) for r in instances],
+        rounds=1, iterations=1)
+    greedy = [p.search.greedy_size / CAPACITY for p in plans]
+    found = [p.total_size / CAPACITY for p in plans]
+    t_opt = [next((t for t, v in p.search.improvements if v == CAPACITY), None) for p in plans]
+    benchmark.extra_info.update(
+        greedy=[round(x, 3) for x in greedy], search=[round(x, 3) for x in found],
+        seconds_to_optimum=[None if t is None else round(t, 2) for t in t_opt],
+        proven=[bool(p.search.optimal) for p in plans])
+    print(f"\nn={n} time_cuts={time_cuts}: greedy {np.mean(greedy):.3f}, search "
+          f"{np.mean(found):.3f}, optimal {sum(x == 1.0 for x in found)}/{len(plans)} "
+          f"(proven {sum(bool(p.search.optimal) for p in plans)}), time to optimum "
+          f"{[None if t is None else round(t, 2) for t in t_opt]}")
+    for p, r in zip(plans, instances):
+        assert p.total_size <= assign_offsets(r, "greedy_by_size").total_size

@@ -1,0 +1,161 @@
+"""The ``search`` offsets strategy: greedy starts, then branch and bound.
+
+``search_offsets`` keeps the best of several greedy best-fit orders, then asks
+the search kernel (``_search.fits``) whether a plan fits in a smaller arena:
+first at the lower bound (on many instances the optimum), then by bisection
+between the best proven-infeasible size and the best plan found. Each call
+gets a node budget from the time left, so the whole stays within
+``time_limit``. A plan is proven optimal when it meets the lower bound or when
+the search exhausted the size just below it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _kernels as K
+from . import _search as S
+
+__all__ = ["SearchStats", "search_offsets"]
+
+_FIRST_BUDGET = 20_000  # nodes of the first call, which also measures the node rate
+
+
+@dataclass(frozen=True)
+class SearchStats:
+    """How a ``search`` plan was found.
+
+    Attributes
+    ----------
+    optimal : bool
+        Proven optimal: it meets ``lower_bound``, or no plan one byte smaller exists.
+    lower_bound : int
+        The best proven lower bound (max-live bytes, raised by exhausted searches).
+    greedy_size : int
+        The best greedy start's arena size, and ``greedy_order`` its order.
+    nodes : int
+        Search nodes expanded in all calls.
+    calls : int
+        Decision searches run (each: "does a plan fit in C bytes?").
+    seconds : float
+        Time spent; ``improvements`` lists ``(seconds, arena size)`` at each
+        better plan, the greedy start first.
+    """
+
+    optimal: bool
+    lower_bound: int
+    greedy_size: int
+    greedy_order: str
+    nodes: int
+    calls: int
+    seconds: float
+    improvements: list = field(default_factory=list)
+
+
+def _greedy_starts(sizes, firsts, lasts):
+    """Best-fit gap placements in several orders: ``{name: (offsets, total)}``."""
+    span = lasts - firsts + 1
+    index = np.arange(sizes.shape[0])
+    orders = {
+        "size": np.lexsort((index, -span, -sizes)),  # TFLite's greedy_by_size, ties by lifetime
+        "lifetime": np.lexsort((index, -sizes, -span)),
+        "area": np.lexsort((index, -sizes, -(sizes * span))),
+        "first": np.lexsort((index, -sizes, firsts)),
+    }
+    out = {"tflite": K.greedy_by_size_offsets(sizes, firsts, lasts, 1)}
+    for name, order in orders.items():
+        out[name] = K.best_fit_offsets(sizes, firsts, lasts, 1, order.astype(np.int64))
+    return out
+
+
+def _twins(sizes, a, b):
+    """``twin[i]``: the previous buffer with the same size and span, or -1."""
+    n = sizes.shape[0]
+    twin = np.full(n, -1, dtype=np.int64)
+    order = np.lexsort((np.arange(n), b, a, sizes))
+    for k in range(1, n):
+        i, j = order[k], order[k - 1]
+        if sizes[i] == sizes[j] and a[i] == a[j] and b[i] == b[j]:
+            twin[i] = j
+    return twin
+
+
+def search_offsets(sizes, firsts, lasts, time_limit: float = 3.0, capacity: int | None = None,
+                   lower: int | None = None):
+    """Offsets for 1-D records by greedy starts and branch and bound.
+
+    Returns ``(offsets, total_size, SearchStats)``. With ``capacity``, stops
+    at the first plan within it (and searches only at that size).
+    """
+    t0 = time.perf_counter()
+    n = sizes.shape[0]
+    lb = int(K.max_live_bytes(sizes, firsts, lasts)) if lower is None else int(lower)
+    if n == 0:
+        return np.zeros(0, np.int64), 0, SearchStats(True, 0, 0, "none", 0, 0, 0.0, [(0.0, 0)])
+    starts = _greedy_starts(sizes, firsts, lasts)
+    greedy_order = min(starts, key=lambda k: (int(starts[k][1]), k != "tflite"))
+    best_off, best = starts[greedy_order][0], int(starts[greedy_order][1])
+    greedy = best
+    improvements = [(time.perf_counter() - t0, best)]
+    proven = lb  # no plan is smaller than this
+    nodes = calls = 0
+    _, a, b = S.sections(firsts, lasts)
+    num_sections = int(b.max()) if n else 0
+    span = b - a
+    index = np.arange(n)
+    # Branching orders, one per round in turn: a dive that goes wrong early in one
+    # order is often straight in another (restarts with growing budgets).
+    branch_orders = [np.lexsort(keys).astype(np.int64) for keys in (
+        (index, -span, -sizes), (index, -sizes, -span), (index, -sizes, -(sizes * span)),
+        (index, -sizes, a))]
+    twin = _twins(sizes, a, b)
+    offsets = np.zeros(n, dtype=np.int64)
+    budget = _FIRST_BUDGET
+    rate = None  # nodes per second, once measured
+    rounds = 0
+    while best > proven and (capacity is None or best > capacity >= proven):
+        # Each round: the smallest unproven size (often the optimum, and where pruning
+        # is strongest), then the middle of the gap. Rounds alternate a limited
+        # discrepancy search (0, 1, 2, ... departures from the first choice: finds plans
+        # whose first steps the heuristic got wrong) with a complete one (proofs),
+        # branching in a different order each round, with growing budgets.
+        limit = rounds // 2 if rounds % 2 == 0 else -1
+        branch_order = branch_orders[rounds % len(branch_orders)]
+        sizes_to_try = [proven] if capacity is None else [min(int(capacity), best - 1)]
+        if capacity is None and best - 1 > proven:
+            sizes_to_try.append((proven + best) // 2)
+        progress = False
+        for size in sizes_to_try:
+            if size >= best or size < proven or time.perf_counter() - t0 >= time_limit:
+                continue
+            left = time_limit - (time.perf_counter() - t0)
+            call_budget = budget if rate is None else max(1000, min(budget, int(rate * left)))
+            t1 = time.perf_counter()
+            status, used = S.fits(sizes, a, b, num_sections, branch_order, twin, size,
+                                  call_budget, offsets, limit)
+            if used >= 10_000:
+                rate = used / max(time.perf_counter() - t1, 1e-9)
+            nodes += int(used)
+            calls += 1
+            if status == S.FOUND:
+                best_off, best = offsets.copy(), int((offsets + sizes).max())
+                improvements.append((time.perf_counter() - t0, best))
+                progress = True
+            elif status == S.INFEASIBLE and limit < 0:
+                proven = max(proven, size + 1)
+                progress = True
+        if capacity is not None and (best <= capacity or (progress and best > capacity)):
+            break
+        if time.perf_counter() - t0 >= time_limit:
+            break
+        rounds += 1
+        if not progress and limit < 0:
+            budget *= 2
+    seconds = time.perf_counter() - t0
+    stats = SearchStats(optimal=best <= proven, lower_bound=min(proven, best),
+                        greedy_size=greedy, greedy_order=greedy_order, nodes=nodes,
+                        calls=calls, seconds=seconds, improvements=improvements)
+    return best_off, best, stats

@@ -1,0 +1,165 @@
+"""The ``search`` offsets strategy: valid plans, never worse than greedy, the known
+optimum of cut instances, proofs checked by brute force, budgets and the CLI."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from numba_bfc.planning import assign_offsets, lower_bound, validate
+from numba_bfc.planning.cli import main as plan_main
+from numba_bfc.planning.instances import cut_instance
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compiled():
+    """Compile (or load) the search kernels first: a cold Numba cache's compile time
+    counts against a call's time limit."""
+    from numba_bfc.planning import _search as S
+
+    one = np.ones(1, dtype=np.int64)
+    S.fits(one, 0 * one, one, 1, 0 * one, -one, 1, 10, 0 * one, -1)
+    recs, _ = cut_instance(40, capacity=1 << 10, horizon=50, seed=9)
+    assign_offsets(recs, "search", time_limit=120.0)
+
+
+records = st.lists(st.tuples(st.integers(1, 64), st.integers(0, 12), st.integers(0, 6)),
+                   min_size=0, max_size=40).map(
+    lambda rs: [(s, f, f + d) for s, f, d in rs])
+
+
+@settings(max_examples=60, deadline=None)
+@given(recs=records)
+def test_valid_and_never_worse_than_greedy(recs):
+    plan = assign_offsets(recs, "search", time_limit=2.0)
+    validate(recs, plan)
+    assert plan.total_size <= assign_offsets(recs, "greedy_by_size").total_size
+    st_ = plan.search
+    assert st_.lower_bound <= plan.total_size and st_.lower_bound >= lower_bound(recs)
+    assert st_.optimal == (st_.lower_bound == plan.total_size)
+
+
+def _fits_brute(recs, capacity):
+    """Whether some integer placement fits in ``capacity`` (tiny instances only)."""
+    sizes = [size for size, _, _ in recs]
+    if max(sizes) > capacity:
+        return False
+    for offs in itertools.product(*(range(capacity - size + 1) for size in sizes)):
+        if all(not (recs[i][1] <= recs[j][2] and recs[j][1] <= recs[i][2])
+               or offs[i] + sizes[i] <= offs[j] or offs[j] + sizes[j] <= offs[i]
+               for i in range(len(recs)) for j in range(i)):
+            return True
+    return False
+
+
+def _brute_force_optimum(recs):
+    capacity = lower_bound(recs)
+    while not _fits_brute(recs, capacity):
+        capacity += 1
+    return capacity
+
+
+@settings(max_examples=40, deadline=None)
+@given(recs=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 3), st.integers(0, 2)),
+                     min_size=1, max_size=4).map(lambda rs: [(s, f, f + d) for s, f, d in rs]))
+def test_proven_optimum_matches_brute_force(recs):
+    plan = assign_offsets(recs, "search", time_limit=5.0)
+    assert plan.search.optimal  # tiny: the search is always exhausted in time
+    assert plan.total_size == _brute_force_optimum(recs)
+
+
+def test_search_proves_an_optimum_above_max_live():
+    # Max-live is 5, but no placement fits in 5 bytes (checked by brute force): only an
+    # exhausted search can prove the plan of 6 optimal.
+    recs = [(3, 5, 7), (2, 6, 8), (1, 2, 4), (1, 4, 5), (2, 1, 1), (3, 0, 3), (1, 2, 5)]
+    assert lower_bound(recs) == 5 and not _fits_brute(recs, 5) and _fits_brute(recs, 6)
+    plan = assign_offsets(recs, "search", time_limit=5.0)
+    validate(recs, plan)
+    assert plan.total_size == 6 and plan.search.optimal and plan.search.lower_bound == 6
+    assert plan.search.calls >= 1 and plan.search.nodes > 0
+
+
+@pytest.mark.parametrize("n,time_cuts,seed", [(60, 0.5, 0), (120, 0.25, 1), (150, 0.75, 2),
+                                              (200, 0.5, 1)])
+def test_cut_instances_reach_their_known_optimum(n, time_cuts, seed):
+    recs, offsets = cut_instance(n, capacity=1 << 16, horizon=400, time_cuts=time_cuts,
+                                 seed=seed)
+    assert lower_bound(recs) == 1 << 16  # the cut tiles the rectangle
+    greedy = assign_offsets(recs, "greedy_by_size").total_size
+    plan = assign_offsets(recs, "search", time_limit=20.0)
+    validate(recs, plan)
+    assert plan.total_size == 1 << 16 and plan.search.optimal
+    assert plan.search.greedy_size <= greedy
+    assert plan.search.improvements[-1][1] == 1 << 16
+
+
+def test_capacity_stops_at_the_first_plan_within_it():
+    recs, _ = cut_instance(120, capacity=1 << 16, horizon=300, seed=3)
+    greedy = assign_offsets(recs, "search", time_limit=0.01).search.greedy_size
+    target = (greedy + (1 << 16)) // 2
+    plan = assign_offsets(recs, "search", time_limit=10.0, capacity=target)
+    assert plan.total_size <= target
+    validate(recs, plan)
+    # Below the lower bound nothing can be found: the greedy start comes back at once.
+    low = assign_offsets(recs, "search", time_limit=10.0, capacity=1000)
+    assert low.total_size == low.search.greedy_size and low.search.calls == 0
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="time_limit"):
+        assign_offsets([(1, 0, 0)], "search", time_limit=0)
+    with pytest.raises(ValueError, match="capacity"):
+        assign_offsets([(1, 0, 0)], "search", capacity=-1)
+    empty = assign_offsets([], "search")
+    assert empty.total_size == 0 and empty.search.optimal
+
+
+def test_cut_instance_is_a_valid_optimal_tiling():
+    recs, offsets = cut_instance(80, capacity=1000, horizon=50, time_cuts=0.3, seed=5)
+    from numba_bfc.planning import OffsetsAssignment
+
+    validate(recs, OffsetsAssignment(offsets, 1000))
+    assert int((recs["size"] * (recs["last"] - recs["first"] + 1)).sum()) == 1000 * 50
+    with pytest.raises(ValueError, match="time_cuts"):
+        cut_instance(10, time_cuts=2.0)
+
+
+def test_cli_plan_search(tmp_path, capsys):
+    recs, _ = cut_instance(60, capacity=4096, horizon=100, seed=4)
+    path = tmp_path / "r.csv"
+    path.write_text("size,first,last\n" + "".join(f"{s},{f},{la}\n" for s, f, la in recs))
+    assert plan_main([str(path), "--strategy", "search", "--time-limit", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["total_size"] == 4096 and out["search"]["optimal"] is True
+    assert out["ratio"] == 1.0
+    assert plan_main([str(path), "-s", "search", "-k", "objects"]) == 2
+    assert "offsets" in capsys.readouterr().err
+
+
+@settings(max_examples=40, deadline=None)
+@given(recs=records.filter(lambda r: len(r) > 0), d=st.integers(0, 3))
+def test_limited_discrepancy_finds_only_valid_plans(recs, d):
+    from numba_bfc.planning import OffsetsAssignment, as_records
+    from numba_bfc.planning import _search as S
+    from numba_bfc.planning.search import _twins
+
+    r = as_records(recs)
+    sizes, firsts, lasts = (np.ascontiguousarray(r[k]) for k in ("size", "first", "last"))
+    _, a, b = S.sections(firsts, lasts)
+    order = np.lexsort((np.arange(len(r)), -(b - a), -sizes)).astype(np.int64)
+    cap = lower_bound(recs)
+    results = {}
+    for limit in (d, 1 << 40, -1):
+        off = np.zeros(len(r), dtype=np.int64)
+        status, _ = S.fits(sizes, a, b, int(b.max()), order, _twins(sizes, a, b), cap,
+                           10**7, off, limit)
+        results[limit] = status
+        if status == S.FOUND:
+            validate(recs, OffsetsAssignment(off, cap))
+    # Enough discrepancies walk the whole tree: the same answer as the complete search.
+    assert results[1 << 40] == results[-1]
+    # Fewer may miss a plan, never invent one.
+    assert results[d] != S.FOUND or results[-1] == S.FOUND
