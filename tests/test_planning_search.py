@@ -163,3 +163,30 @@ def test_limited_discrepancy_finds_only_valid_plans(recs, d):
     assert results[1 << 40] == results[-1]
     # Fewer may miss a plan, never invent one.
     assert results[d] != S.FOUND or results[-1] == S.FOUND
+
+
+# ---------------------------------------------------------------------- review regressions
+ABOVE_MAX_LIVE = [(3, 5, 7), (2, 6, 8), (1, 2, 4), (1, 4, 5), (2, 1, 1), (3, 0, 3), (1, 2, 5)]
+
+
+@pytest.mark.parametrize("extra", [[(0, 3, 4)], [(0, 0, 8)], [(0, 3, 4), (0, 0, 0)]])
+def test_zero_size_records_take_no_part(extra):
+    recs = ABOVE_MAX_LIVE + extra
+    plan = assign_offsets(recs, "search", time_limit=5.0)
+    validate(recs, plan)
+    assert plan.total_size == 6 and plan.search.optimal
+    assert plan.offsets[len(ABOVE_MAX_LIVE):].tolist() == [0] * len(extra)
+    capped = assign_offsets(recs, "search", time_limit=5.0, capacity=5)
+    assert capped.total_size == 6  # proven impossible within 5: the best plan comes back
+
+
+def test_sizes_that_could_overflow_are_refused():
+    with pytest.raises(ValueError, match="2\\*\\*62"):
+        assign_offsets([(1 << 61, 0, 1), (1 << 61, 1, 2)], "search")
+
+
+def test_cli_rejects_search_flags_for_other_strategies(tmp_path, capsys):
+    path = tmp_path / "r.csv"
+    path.write_text("size,first,last\n8,0,1\n8,1,2\n")
+    assert plan_main([str(path), "--time-limit", "2"]) == 2
+    assert "search only" in capsys.readouterr().err

@@ -126,7 +126,8 @@ def fits(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
     none), which must be placed before ``i``. With ``max_discrepancies >= 0``
     only paths that leave the first choice at most that many times are walked
     (limited discrepancy search: no proof, but early mistakes get undone
-    first); -1 walks everything. On ``FOUND`` the plan is in ``offsets``.
+    first); -1 walks everything. Sizes must be positive (leave zero-size
+    buffers out: they need no place). On ``FOUND`` the plan is in ``offsets``.
     Returns ``(status, nodes)``; ``INFEASIBLE`` is a proof only with -1.
     """
     n = sizes.shape[0]
@@ -204,7 +205,7 @@ def fits(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
             f_cursor[top] += 1
             if placed[i] or (twin[i] >= 0 and not placed[twin[i]]):
                 continue
-            if m + sizes[i] > capacity or _max_floor(floor, a[i], b[i]) != m:
+            if sizes[i] > capacity - m or _max_floor(floor, a[i], b[i]) != m:
                 continue
             f_undo[top] = undo_top
             top_i = m + sizes[i]

@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", "-s", default="greedy_by_size",
                    choices=(*STRATEGIES, "search"),
                    help="a TFLite strategy, or search (offsets: greedy starts + branch and bound)")
-    p.add_argument("--time-limit", type=float, default=3.0,
+    p.add_argument("--time-limit", type=float, default=None,
                    help="seconds for --strategy search (default: 3)")
     p.add_argument("--capacity", type=int, default=None,
                    help="--strategy search: stop at the first plan within this many bytes")
@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--alignment only applies to --kind offsets")
         if args.strategy == "search" and args.kind != "offsets":
             raise ValueError("--strategy search plans offsets (--kind offsets)")
+        if args.strategy != "search" and (args.time_limit is not None
+                                          or args.capacity is not None):
+            raise ValueError("--time-limit and --capacity apply to --strategy search only")
         records = read_records(args.file)
         bound = lower_bound(records, args.kind)
         if args.kind == "objects":
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         else:
             plan = assign_offsets(records, args.strategy, args.alignment,
-                                  time_limit=args.time_limit, capacity=args.capacity)
+                                  time_limit=args.time_limit or 3.0, capacity=args.capacity)
             total = plan.total_size
             payload = {"offsets": plan.offsets.tolist()}
             if plan.search is not None:

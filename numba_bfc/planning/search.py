@@ -21,7 +21,10 @@ from . import _search as S
 
 __all__ = ["SearchStats", "search_offsets"]
 
-_FIRST_BUDGET = 20_000  # nodes of the first call, which also measures the node rate
+_FIRST_BUDGET = 20_000  # nodes of the first call; later budgets follow the measured node rate
+_FIRST_WORK = 20_000_000  # ... fewer on large instances: a node scans every section
+_MAX_BUDGET = 1 << 40
+_MAX_TOTAL = 1 << 62  # byte sums stay below this, so no int64 arithmetic can wrap
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,9 @@ class SearchStats:
     improvements: list = field(default_factory=list)
 
 
-def _greedy_starts(sizes, firsts, lasts):
-    """Best-fit gap placements in several orders: ``{name: (offsets, total)}``."""
+def _greedy_starts(sizes, firsts, lasts, deadline):
+    """Best-fit gap placements in several orders, TFLite's first, until ``deadline``:
+    ``{name: (offsets, total)}``."""
     span = lasts - firsts + 1
     index = np.arange(sizes.shape[0])
     orders = {
@@ -67,6 +71,8 @@ def _greedy_starts(sizes, firsts, lasts):
     }
     out = {"tflite": K.greedy_by_size_offsets(sizes, firsts, lasts, 1)}
     for name, order in orders.items():
+        if time.perf_counter() >= deadline:
+            break
         out[name] = K.best_fit_offsets(sizes, firsts, lasts, 1, order.astype(np.int64))
     return out
 
@@ -88,14 +94,26 @@ def search_offsets(sizes, firsts, lasts, time_limit: float = 3.0, capacity: int 
     """Offsets for 1-D records by greedy starts and branch and bound.
 
     Returns ``(offsets, total_size, SearchStats)``. With ``capacity``, stops
-    at the first plan within it (and searches only at that size).
+    at the first plan within it (and searches only at that size); a capacity
+    below the lower bound returns the best greedy start at once. Zero-size
+    records get offset 0 and take no part in the search.
     """
+    if sizes.shape[0] and int(sizes.sum()) >= _MAX_TOTAL:
+        raise ValueError(f"record sizes add up to {int(sizes.sum())} bytes; the planner needs "
+                         f"less than 2**62")
+    keep = np.flatnonzero(sizes > 0)
+    if keep.shape[0] < sizes.shape[0]:
+        offsets = np.zeros(sizes.shape[0], dtype=np.int64)
+        sub, total, stats = search_offsets(sizes[keep], firsts[keep], lasts[keep], time_limit,
+                                           capacity, lower)
+        offsets[keep] = sub
+        return offsets, total, stats
     t0 = time.perf_counter()
     n = sizes.shape[0]
     lb = int(K.max_live_bytes(sizes, firsts, lasts)) if lower is None else int(lower)
     if n == 0:
         return np.zeros(0, np.int64), 0, SearchStats(True, 0, 0, "none", 0, 0, 0.0, [(0.0, 0)])
-    starts = _greedy_starts(sizes, firsts, lasts)
+    starts = _greedy_starts(sizes, firsts, lasts, t0 + time_limit)
     greedy_order = min(starts, key=lambda k: (int(starts[k][1]), k != "tflite"))
     best_off, best = starts[greedy_order][0], int(starts[greedy_order][1])
     greedy = best
@@ -113,8 +131,9 @@ def search_offsets(sizes, firsts, lasts, time_limit: float = 3.0, capacity: int 
         (index, -sizes, a))]
     twin = _twins(sizes, a, b)
     offsets = np.zeros(n, dtype=np.int64)
-    budget = _FIRST_BUDGET
+    budget = max(1000, min(_FIRST_BUDGET, _FIRST_WORK // max(num_sections, 1)))
     rate = None  # nodes per second, once measured
+    exhausted_budget = False
     rounds = 0
     while best > proven and (capacity is None or best > capacity >= proven):
         # Each round: the smallest unproven size (often the optimum, and where pruning
@@ -136,8 +155,10 @@ def search_offsets(sizes, firsts, lasts, time_limit: float = 3.0, capacity: int 
             t1 = time.perf_counter()
             status, used = S.fits(sizes, a, b, num_sections, branch_order, twin, size,
                                   call_budget, offsets, limit)
-            if used >= 10_000:
-                rate = used / max(time.perf_counter() - t1, 1e-9)
+            elapsed = time.perf_counter() - t1
+            if elapsed > 0.002:
+                rate = used / elapsed
+            exhausted_budget = status == S.BUDGET and used >= call_budget
             nodes += int(used)
             calls += 1
             if status == S.FOUND:
@@ -152,8 +173,8 @@ def search_offsets(sizes, firsts, lasts, time_limit: float = 3.0, capacity: int 
         if time.perf_counter() - t0 >= time_limit:
             break
         rounds += 1
-        if not progress and limit < 0:
-            budget *= 2
+        if not progress and limit < 0 and exhausted_budget:
+            budget = min(2 * budget, _MAX_BUDGET)
     seconds = time.perf_counter() - t0
     stats = SearchStats(optimal=best <= proven, lower_bound=min(proven, best),
                         greedy_size=greedy, greedy_order=greedy_order, nodes=nodes,
