@@ -57,15 +57,8 @@ class TableStore:
         """``_drive_batch`` one public call per operation (same results, slower)."""
         for i in range(start, stop):
             if ops[i] == ALLOCATE:
-                p = 0
-                if sizes[i]:
-                    try:
-                        p = self.allocate_raw(int(sizes[i]), alignment)
-                    except OutOfMemoryError as e:
-                        if on_oom is None:
-                            raise
-                        on_oom(i, e)
-                        p = FAILED
+                p = self._served(self.allocate_raw, i, sizes, alignment, on_oom) \
+                    if sizes[i] else 0
                 id_ptr[ids[i]] = p
                 out[i] = max(p, 0)
             else:
@@ -78,6 +71,18 @@ class TableStore:
                 id_ptr[ids[i]] = -1
             if stride > 0:
                 sample_usage(series, stride, i, self._state, self._IN_USE_SLOT)
+
+    @staticmethod
+    def _served(serve, i: int, sizes, alignment: int, on_oom) -> int:
+        """``serve(sizes[i], alignment)``; an out-of-memory error goes to ``on_oom``
+        (which may raise) and gives ``FAILED``, or propagates without one."""
+        try:
+            return serve(int(sizes[i]), alignment)
+        except OutOfMemoryError as e:
+            if on_oom is None:
+                raise
+            on_oom(i, e)
+            return FAILED
 
     def _not_live(self, i: int, ids) -> InvalidPointerError:
         return InvalidPointerError(
@@ -223,13 +228,7 @@ class TableStore:
             if i != grown_at and self._grow_for(int(sizes[i]), alignment):
                 grown_at = i  # the kernel retries; a second miss takes the slow path
                 continue
-            try:
-                p = self._serve_not_found(int(sizes[i]), alignment)
-            except OutOfMemoryError as e:
-                if on_oom is None:
-                    raise
-                on_oom(i, e)
-                p = FAILED
+            p = self._served(self._serve_not_found, i, sizes, alignment, on_oom)
             id_ptr[ids[i]] = p
             out[i] = max(p, 0)
             if stride > 0:
