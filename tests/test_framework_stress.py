@@ -143,6 +143,10 @@ def test_threads_of_random_allocate_free(stack):
     top = STACKS[stack](bfc, log)
     errors, ooms = _hammer(top, seed=len(stack))
     assert not errors, errors[:5]
+    # A refusal either reaches a thread or is cured by a retrying layer: which one
+    # depends on thread timing, that one of them happens does not.
+    refusals = ooms + sum(layer.num_retries for layer in _layers(top)
+                          if isinstance(layer, RetryingAllocator))
 
     for layer in _layers(top):
         if isinstance(layer, (BFCAllocator, HostAllocator)):
@@ -160,7 +164,7 @@ def test_threads_of_random_allocate_free(stack):
             assert layer.bytes_counter.value == 0 and layer.allocations_counter.value == 0
             assert layer.bytes_counter.peak > 0
         if isinstance(layer, LimitingAllocator):
-            assert layer.allocated_bytes == 0 and ooms > 0, "a 4 MiB limit must bite"
+            assert layer.allocated_bytes == 0 and refusals > 0, "a 4 MiB limit must bite"
         if isinstance(layer, LoggingAllocator):
             layer.close()
             events = read_rmm_log(io.StringIO(log.getvalue()))
