@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from numba_bfc import BFCAllocator, CachingAllocator, OutOfMemoryError
+from numba_bfc import BFCAllocator, CachingAllocator, CompactAllocator, OutOfMemoryError
 from numba_bfc.adaptors import (
     AllocatorWrapper,
     LimitingAllocator,
@@ -70,6 +70,9 @@ STACKS = {
     "bfc": lambda bfc, log: bfc,
     "host": lambda bfc, log: HostAllocator(memory_limit=32 * MiB),
     "caching": lambda bfc, log: CachingAllocator(HostSubAllocator(), memory_limit=64 * MiB),
+    "compact": lambda bfc, log: CompactAllocator(
+        HostSubAllocator(64 * MiB, contiguous=True), memory_limit=64 * MiB,
+        page_size=64 << 10, small_backend=HostSubAllocator(16 * MiB, contiguous=True)),
     "caching_composed": lambda bfc, log: _composed(
         CachingAllocator(HostSubAllocator(), memory_limit=64 * MiB), log),
     "tracking": lambda bfc, log: TrackingAllocator(bfc),
@@ -152,7 +155,7 @@ def test_threads_of_random_allocate_free(stack):
         if isinstance(layer, (BFCAllocator, HostAllocator)):
             assert layer.get_stats().bytes_in_use == 0
             assert layer.get_stats().num_allocs > 0
-        if isinstance(layer, (BFCAllocator, CachingAllocator)):
+        if isinstance(layer, (BFCAllocator, CachingAllocator)):  # compact is a BFCAllocator
             check_invariants(layer)
         if isinstance(layer, CachingAllocator):
             assert layer.memory_allocated() == 0

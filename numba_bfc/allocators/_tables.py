@@ -8,9 +8,16 @@ frees are in play, one public call per operation). Policies supply
 ``_POLICY`` (the batch kernel's policy code), ``_serve_not_found`` (the slow
 path for one allocation), and optionally ``_grow_for`` and
 ``_serve_release_due``.
+
+Single public calls first try a lock-free kernel (``kernels.guard``): the
+lock is a ``TableLock``, which keeps ``state[S_LOCK_DEPTH]`` non-zero while
+held, and every table replacement records the new table's address.
 """
 
 from __future__ import annotations
+
+import sys
+import threading
 
 import numpy as np
 
@@ -31,9 +38,64 @@ _NO_SERIES = np.zeros((0, 2), dtype=np.int64)
 _RUN_BATCH = Kernel(_run_batch_kernel)
 
 
+# Without a GIL two kernel calls can run at once, so nothing may go lock-free:
+# the lock depth then never drops to 0 and every lock-free call steps aside.
+LOCK_FREE_CALLS = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
+class TableLock:
+    """A reentrant lock that marks the tables busy while held.
+
+    ``state[S_LOCK_DEPTH]`` counts the holder's nesting, so lock-free kernel
+    calls from other threads step aside until it is released. Supports
+    ``with``, ``acquire`` and ``release`` like ``threading.RLock``.
+    """
+
+    __slots__ = ("_lock", "_state", "rest_depth")
+
+    def __init__(self, state: np.ndarray) -> None:
+        self._lock = threading.RLock()
+        self._state = state
+        self.rest_depth = 0 if LOCK_FREE_CALLS else 1  # the depth while nobody holds it
+        state[L.S_LOCK_DEPTH] = self.rest_depth
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not self._lock.acquire(blocking, timeout):
+            return False
+        self._state[L.S_LOCK_DEPTH] += 1
+        return True
+
+    __enter__ = acquire
+
+    def release(self) -> None:
+        self._state[L.S_LOCK_DEPTH] -= 1
+        self._lock.release()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 class TableStore:
     """Mixin over ``self._chunks, _bins, _regions, _pmap, _state, _tsq``; the
     caller holds ``self._lock`` for every method but ``run_batch``."""
+
+    def _adopt_tables(self, tables) -> None:
+        """Take fresh tables from ``layout.new_tables`` and the lock that guards them."""
+        (self._chunks, self._bins, self._regions, self._pmap, self._state,
+         self._tsq) = tables
+        self._lock = TableLock(self._state)
+        self._note_table_addresses()
+
+    def _note_table_addresses(self) -> None:
+        """Record where the tables are, for lock-free kernels (``kernels.guard``)."""
+        st = self._state
+        st[L.S_CHUNKS_ADDR] = self._chunks.ctypes.data
+        st[L.S_CHUNK_ROWS] = self._chunks.shape[0]
+        st[L.S_BINS_ADDR] = self._bins.ctypes.data
+        st[L.S_REGIONS_ADDR] = self._regions.ctypes.data
+        st[L.S_REGION_ROWS] = self._regions.shape[0]
+        st[L.S_PMAP_ADDR] = self._pmap.ctypes.data
+        st[L.S_PMAP_SLOTS] = self._pmap.shape[0]
 
     _POLICY: int
     _POOL_NAMES_BLOCKS = True  # records show a fixed-bin region's bin for in-use blocks too
@@ -51,6 +113,7 @@ class TableStore:
             self._regions = L.grow_regions(self._regions)
         if st[L.S_TSQ_COUNT] >= self._tsq.shape[0]:
             self._tsq = L.grow_queue(self._tsq, st)
+        self._note_table_addresses()
 
     def _drive_single(self, ops, ids, sizes, alignment, id_ptr, out, start, stop, series,
                       stride, on_oom) -> None:

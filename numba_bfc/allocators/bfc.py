@@ -15,8 +15,10 @@ from ..kernels.chunks import (
 from ..policies.batch import BFC_POLICY
 from ..policies.bfc import (
     bfc_allocate,
+    bfc_allocate_unlocked,
     bfc_deallocate,
     bfc_deallocate_timestamped,
+    bfc_deallocate_unlocked,
 )
 from ._bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase
 from ._fastcall import Kernel
@@ -69,11 +71,12 @@ class BFCAllocator(TableStore, BFCBase):
                  fragmentation_fraction=None, name=None) -> None:
         super().__init__(backend, memory_limit, allow_growth, garbage_collection,
                          fragmentation_fraction, name)
-        (self._chunks, self._bins, self._regions, self._pmap, self._state,
-         self._tsq) = L.new_tables(self._NUM_BINS, MIN_ALLOCATION, state_size=self._STATE_SIZE)
+        self._adopt_tables(L.new_tables(self._NUM_BINS, MIN_ALLOCATION,
+                                        state_size=self._STATE_SIZE))
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
 
-    # Fast paths: one kernel call each; everything unusual goes to BFCBase.
+    # Fast paths: one kernel call each, lock-free first (kernels.guard), then
+    # under the lock; everything unusual goes to BFCBase.
     def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION,
                      attributes=None, *, freed_before: int = 0) -> int:
         if (type(num_bytes) is not int or not 0 < num_bytes <= self.memory_limit
@@ -81,6 +84,9 @@ class BFCAllocator(TableStore, BFCBase):
                 or freed_before or self._timestamps_used or attributes is not None):
             return super().allocate_raw(num_bytes, alignment, attributes,
                                         freed_before=freed_before)
+        p = self._ALLOCATE_UNLOCKED.call(self._state, num_bytes)
+        if p > 0:
+            return p
         with self._lock:
             p = self._ALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
                                     self._state, num_bytes, MIN_ALLOCATION, 0)
@@ -96,6 +102,8 @@ class BFCAllocator(TableStore, BFCBase):
         if (type(ptr) is not int or not 0 < ptr <= MAX_INT64
                 or self._timing_counter is not None):
             return super().deallocate_raw(ptr)
+        if self._DEALLOCATE_UNLOCKED.call(self._state, ptr) >= 0:
+            return
         with self._lock:
             if self._DEALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
                                      self._state, ptr) < 0:
@@ -108,6 +116,8 @@ class BFCAllocator(TableStore, BFCBase):
     _NUM_BINS = NUM_BINS
     _ALLOCATE = _ALLOCATE
     _DEALLOCATE = _DEALLOCATE
+    _ALLOCATE_UNLOCKED = Kernel(bfc_allocate_unlocked)
+    _DEALLOCATE_UNLOCKED = Kernel(bfc_deallocate_unlocked)
 
     def _batch_alignment(self, alignment: int) -> int:
         return alignment

@@ -17,6 +17,8 @@ __all__ = ["CachingAllocator"]
 
 _ALLOCATE = Kernel(C.caching_allocate)
 _DEALLOCATE = Kernel(C.caching_deallocate)
+_ALLOCATE_UNLOCKED = Kernel(C.caching_allocate_unlocked)
+_DEALLOCATE_UNLOCKED = Kernel(C.caching_deallocate_unlocked)
 
 
 class CachingAllocator(TableStore, CachingBase):
@@ -72,9 +74,8 @@ class CachingAllocator(TableStore, CachingBase):
         super().__init__(backend, memory_limit, max_split_size, roundup_power2_divisions,
                          garbage_collection_threshold, name, memory_fraction=memory_fraction,
                          max_non_split_rounding=max_non_split_rounding)
-        (self._chunks, self._bins, self._regions, self._pmap, self._state,
-         self._tsq) = L.new_tables(C.NUM_POOLS, C.MIN_BLOCK_SIZE,
-                                   state_size=C.CACHING_STATE_SIZE)
+        self._adopt_tables(L.new_tables(C.NUM_POOLS, C.MIN_BLOCK_SIZE,
+                                        state_size=C.CACHING_STATE_SIZE))
         st = self._state
         st[C.C_MAX_SPLIT_SIZE] = self.max_split_size
         st[C.C_MAX_NON_SPLIT_ROUNDING] = self.max_non_split_rounding
@@ -82,13 +83,17 @@ class CachingAllocator(TableStore, CachingBase):
         st[C.C_DIVISIONS:C.C_DIVISIONS + C.ROUNDUP_INTERVALS] = self.roundup_power2_divisions
         self._stats = st[C.C_STATS:C.CACHING_STATE_SIZE].reshape(C.NUM_STATS, 3, 4)
 
-    # Fast paths: one kernel call each; everything unusual goes to CachingBase.
+    # Fast paths: one kernel call each, lock-free first (kernels.guard), then
+    # under the lock; everything unusual goes to CachingBase.
     def allocate_raw(self, num_bytes: int, alignment: int = C.MIN_BLOCK_SIZE,
                      attributes=None) -> int:
         if (type(num_bytes) is not int or not 0 < num_bytes < ONE_EIB
                 or type(alignment) is not int or not 0 < alignment <= C.MIN_BLOCK_SIZE
                 or alignment & (alignment - 1) or self._history is not None):
             return super().allocate_raw(num_bytes, alignment, attributes)
+        p = _ALLOCATE_UNLOCKED.call(self._state, num_bytes)
+        if p > 0:
+            return p
         with self._lock:
             p = _ALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap, self._state,
                                num_bytes)
@@ -102,6 +107,8 @@ class CachingAllocator(TableStore, CachingBase):
     def deallocate_raw(self, ptr: int | None) -> None:
         if type(ptr) is not int or not 0 < ptr <= MAX_INT64 or self._history is not None:
             return super().deallocate_raw(ptr)
+        if _DEALLOCATE_UNLOCKED.call(self._state, ptr) >= 0:
+            return
         with self._lock:
             if _DEALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
                                 self._state, ptr) < 0:

@@ -14,12 +14,15 @@ from ..policies.compact import (
     S_RELEASE_THRESHOLD,
     S_SMALL_SIZE,
     compact_allocate,
+    compact_allocate_unlocked,
     compact_deallocate,
+    compact_deallocate_unlocked,
     top_region_tail,
 )
 from ._bfc_base import round_bytes
 from ._compact_base import CompactGrowth
 from ._fastcall import Kernel
+from ._validate import MAX_INT64
 from .bfc import BFCAllocator
 
 __all__ = ["CompactAllocator"]
@@ -83,11 +86,22 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     _POOL_NAMES_BLOCKS = False
     _ALLOCATE = Kernel(compact_allocate)
     _DEALLOCATE = Kernel(compact_deallocate)
+    _ALLOCATE_UNLOCKED = Kernel(compact_allocate_unlocked)
+    _DEALLOCATE_UNLOCKED = Kernel(compact_deallocate_unlocked)
 
     def __init__(self, backend, memory_limit=None, page_size=None, release_threshold=None,
                  small_size=None, small_backend=None, name=None) -> None:
         super().__init__(backend, memory_limit, page_size, release_threshold, small_size,
                          small_backend, name)
+
+    def deallocate_raw(self, ptr: int | None) -> None:
+        # Lock-free first (the kernel steps aside when a give-back may become due).
+        if (type(ptr) is int and 0 < ptr <= MAX_INT64 and self._timing_counter is None
+                and self._DEALLOCATE_UNLOCKED.call(self._state, ptr) >= 0):
+            return
+        super().deallocate_raw(ptr)
+
+    deallocate_raw.__doc__ = CompactGrowth.deallocate_raw.__doc__
 
     def _grow_for(self, n: int, alignment: int) -> bool:
         # A batch's common slow path, kept short: grow exactly, let the kernel retry.

@@ -102,12 +102,23 @@ S_TSQ_HEAD = 14  # timestamped-chunk queue (ring buffer) head
 S_TSQ_COUNT = 15
 S_NUM_REGIONS = 16
 S_NUM_BINS = 17
-STATE_SIZE = 24  # slots from here on belong to the policy (see policies.caching)
+# Lock-free calls (``kernels.guard``): the façade's lock depth, and where the
+# current tables are, so a kernel given only ``state`` can see them.
+S_LOCK_DEPTH = 24  # > 0 while a thread holds the façade's lock
+S_CHUNKS_ADDR = 25  # data address of the chunk table
+S_CHUNK_ROWS = 26
+S_BINS_ADDR = 27  # (rows: S_NUM_BINS)
+S_REGIONS_ADDR = 28
+S_REGION_ROWS = 29
+S_PMAP_ADDR = 30
+S_PMAP_SLOTS = 31
+STATE_SIZE = 32  # slots from here on belong to the policy (see policies.caching)
 
 # Kernel status codes (allocation kernels return a pointer > 0 on success).
 NEED_ROWS = -1  # a table is full: the façade grows it and calls again
 NOT_FOUND = -2  # no free chunk fits: the façade extends the pool or fails
 INVALID_POINTER = -3  # not a live allocation
+TABLES_BUSY = -5  # a lock-free call stepped aside: the façade retries under its lock
 
 # Rows every mutating kernel may consume in one call (padding split,
 # remainder split, one new region chunk); checked before anything changes.

@@ -21,6 +21,7 @@ from ..kernels.chunks import (
     split_chunk,
     try_to_coalesce,
 )
+from ..kernels.guard import table_views, tables_idle
 from ..kernels.layout import (
     INVALID_POINTER,
     NEED_ROWS,
@@ -35,6 +36,7 @@ from ..kernels.layout import (
     S_NUM_BINS,
     S_PEAK_BYTES_IN_USE,
     S_TSQ_COUNT,
+    TABLES_BUSY,
 )
 from ..kernels.ptrmap import map_insert, map_remove
 from ..kernels.tree import tree_lower_bound, tree_successor
@@ -176,6 +178,27 @@ def free_and_coalesce(chunks, bins, regions, pmap, state, ptr):
 def bfc_deallocate(chunks, bins, regions, pmap, state, ptr):
     """Free the allocation at ``ptr`` and coalesce; returns its size or ``INVALID_POINTER``."""
     return free_and_coalesce(chunks, bins, regions, pmap, state, ptr)[0]
+
+
+@njit(cache=True)
+def bfc_allocate_unlocked(state, num_bytes):
+    """``bfc_allocate`` at natural alignment for a caller without the façade's
+    lock: ``TABLES_BUSY`` (nothing changed) while the lock is held
+    (``kernels.guard``)."""
+    if not tables_idle(state):
+        return TABLES_BUSY
+    chunks, bins, regions, pmap = table_views(state)
+    return bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, 0, 0)
+
+
+@njit(cache=True)
+def bfc_deallocate_unlocked(state, ptr):
+    """``bfc_deallocate`` for a caller without the façade's lock (see
+    ``bfc_allocate_unlocked``)."""
+    if not tables_idle(state):
+        return TABLES_BUSY
+    chunks, bins, regions, pmap = table_views(state)
+    return bfc_deallocate(chunks, bins, regions, pmap, state, ptr)
 
 
 @njit(cache=True)

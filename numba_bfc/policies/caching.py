@@ -29,6 +29,7 @@ from ..kernels.chunks import (
     split_chunk,
     try_to_coalesce,
 )
+from ..kernels.guard import table_views, tables_idle
 from ..kernels.layout import (
     INVALID_POINTER,
     NEED_ROWS,
@@ -37,6 +38,7 @@ from ..kernels.layout import (
     S_LARGEST_ALLOC_SIZE,
     S_NEXT_ALLOCATION_ID,
     STATE_SIZE,
+    TABLES_BUSY,
 )
 from ..kernels.ptrmap import map_insert, map_remove
 from ..kernels.tree import tree_lower_bound
@@ -298,6 +300,27 @@ def caching_deallocate(chunks, bins, regions, pmap, state, ptr):
     stat_update(state, ACTIVE_BYTES, pool, -size)
     stat_update(state, REQUESTED_BYTES, pool, -requested)
     return size
+
+
+@njit(cache=True)
+def caching_allocate_unlocked(state, requested):
+    """``caching_allocate`` for a caller without the façade's lock:
+    ``TABLES_BUSY`` (nothing changed) while the lock is held
+    (``kernels.guard``), and while the GC age clock runs, because a missed
+    lookup counts on it and the locked retry would count it twice."""
+    if state[C_GC_ACTIVE] or not tables_idle(state):
+        return TABLES_BUSY
+    chunks, bins, regions, pmap = table_views(state)
+    return caching_allocate(chunks, bins, regions, pmap, state, requested)
+
+
+@njit(cache=True)
+def caching_deallocate_unlocked(state, ptr):
+    """``caching_deallocate`` for a caller without the façade's lock."""
+    if not tables_idle(state):
+        return TABLES_BUSY
+    chunks, bins, regions, pmap = table_views(state)
+    return caching_deallocate(chunks, bins, regions, pmap, state, ptr)
 
 
 @njit(cache=True)

@@ -22,7 +22,8 @@ from __future__ import annotations
 from numba import njit
 
 from ..kernels.chunks import free_tail_start, round_up
-from ..kernels.layout import NO_HANDLE, S_MIN_ALLOCATION, STATE_SIZE
+from ..kernels.guard import table_views, tables_idle
+from ..kernels.layout import NO_HANDLE, S_MIN_ALLOCATION, STATE_SIZE, TABLES_BUSY
 from .bfc import allocate_from_bins, free_and_coalesce
 
 S_RELEASE_THRESHOLD = STATE_SIZE  # free tail bytes that trigger a release (0: never)
@@ -93,3 +94,25 @@ def compact_deallocate(chunks, bins, regions, pmap, state, ptr):
     if h != NO_HANDLE and tail_release_due(chunks, regions, state, chunks[h]["region"]):
         state[S_RELEASE_DUE] = chunks[h]["region"] + 1
     return size
+
+
+@njit(cache=True)
+def compact_allocate_unlocked(state, num_bytes):
+    """``compact_allocate`` at natural alignment for a caller without the
+    façade's lock: ``TABLES_BUSY`` (nothing changed) while the lock is held
+    (``kernels.guard``)."""
+    if not tables_idle(state):
+        return TABLES_BUSY
+    chunks, bins, regions, pmap = table_views(state)
+    return compact_allocate(chunks, bins, regions, pmap, state, num_bytes, 0, 0)
+
+
+@njit(cache=True)
+def compact_deallocate_unlocked(state, ptr):
+    """``compact_deallocate`` for a caller without the façade's lock; steps
+    aside too when a free may make a give-back due (a release threshold is
+    set), since that decision must stay under the lock with the free."""
+    if state[S_RELEASE_THRESHOLD] > 0 or not tables_idle(state):
+        return TABLES_BUSY
+    chunks, bins, regions, pmap = table_views(state)
+    return compact_deallocate(chunks, bins, regions, pmap, state, ptr)
