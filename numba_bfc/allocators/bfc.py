@@ -53,8 +53,9 @@ class BFCAllocator(TableStore, BFCBase):
     name : str, optional
 
     Options not given are read from ``NUMBA_BFC_CONF`` (``"allow_growth:true,
-    memory_limit:8GiB"``), then defaults. Every operation is one kernel call
-    under a lock; tables grow by doubling.
+    memory_limit:8GiB"``), then defaults. Every operation is one kernel call,
+    lock-free while no other thread is inside a multi-step operation (see
+    ``kernels.guard``); tables grow by doubling.
 
     Examples
     --------
