@@ -1,4 +1,5 @@
-"""The ``search`` offsets strategy against greedy_by_size on cut instances (known optimum).
+"""The ``search`` offsets strategy against greedy_by_size on cut instances (known optimum),
+and on cut instances with gadgets, whose known optimum is above max-live.
 
 Run: ``PYTHONPATH=. python -m pytest benchmarks/test_bench_planning_search.py -q -s
 --benchmark-columns=min,median,rounds``. Each group is one instance family
@@ -10,13 +11,15 @@ the search proved it. The summary line per family is printed with ``-s``.
 import numpy as np
 import pytest
 
-from numba_bfc.planning import assign_offsets
-from numba_bfc.planning.instances import cut_instance
+from numba_bfc.planning import assign_offsets, lower_bound
+from numba_bfc.planning.instances import cut_instance, gadget_instance
 
 CAPACITY = 1 << 20
 FAMILIES = [(n, tc) for n in (200, 300, 450) for tc in (0.25, 0.5, 0.75)]
 SEEDS = (0, 1, 2)
 TIME_LIMIT = 10.0
+GADGET_FAMILIES = [(n, 4) for n in (100, 200, 300)]
+SCALE = CAPACITY >> 6  # optimum: CAPACITY + 6 * SCALE; max-live: CAPACITY + 5 * SCALE
 
 
 @pytest.mark.parametrize("n,time_cuts", FAMILIES)
@@ -49,3 +52,33 @@ def test_search(benchmark, n, time_cuts):
           f"{[None if t is None else round(t, 2) for t in t_opt]}")
     for p, r in zip(plans, instances):
         assert p.total_size <= assign_offsets(r, "greedy_by_size").total_size
+
+
+@pytest.mark.parametrize("n,gadgets", GADGET_FAMILIES)
+def test_search_gadgets(benchmark, n, gadgets):
+    benchmark.group = f"gadgets n={n} k={gadgets}"
+    optimum = CAPACITY + 6 * SCALE
+    instances = [gadget_instance(n, CAPACITY, gadgets=gadgets, scale=SCALE, seed=s)[0]
+                 for s in SEEDS]
+    assign_offsets(instances[0][:20], "search")  # compile or load the kernels
+    plans = benchmark.pedantic(
+        lambda: [assign_offsets(r, "search", time_limit=TIME_LIMIT) for r in instances],
+        rounds=1, iterations=1)
+    live = [lower_bound(r) / optimum for r in instances]
+    tight = [lower_bound(r, tight=True, time_limit=1.0) / optimum for r in instances]
+    greedy = [p.search.greedy_size / optimum for p in plans]
+    found = [p.total_size / optimum for p in plans]
+    t_opt = [next((t for t, v in p.search.improvements if v == optimum), None) for p in plans]
+    benchmark.extra_info.update(
+        max_live=[round(x, 3) for x in live], tight_bound=[round(x, 3) for x in tight],
+        greedy=[round(x, 3) for x in greedy], search=[round(x, 3) for x in found],
+        seconds_to_optimum=[None if t is None else round(t, 2) for t in t_opt],
+        proven=[bool(p.search.optimal) for p in plans])
+    print(f"\ngadgets n={n} k={gadgets}: max-live {np.mean(live):.3f}, tight bound "
+          f"{np.mean(tight):.3f}, greedy {np.mean(greedy):.3f}, search {np.mean(found):.3f}, "
+          f"optimal {sum(p.total_size == optimum for p in plans)}/{len(plans)} (proven "
+          f"{sum(bool(p.search.optimal) for p in plans)}), time to optimum "
+          f"{[None if t is None else round(t, 2) for t in t_opt]}")
+    for p, r in zip(plans, instances):
+        assert p.total_size <= assign_offsets(r, "greedy_by_size").total_size
+        assert p.search.lower_bound <= optimum  # a bound above the known optimum: unsound

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from numba_bfc.planning import assign_offsets, lower_bound, validate
 from numba_bfc.planning.cli import main as plan_main
-from numba_bfc.planning.instances import cut_instance
+from numba_bfc.planning.instances import GADGET, cut_instance, gadget_instance
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -192,3 +192,139 @@ def test_cli_rejects_search_flags_for_other_strategies(tmp_path, capsys):
     path.write_text("size,first,last\n8,0,1\n8,1,2\n")
     assert plan_main([str(path), "--time-limit", "2"]) == 2
     assert "search only" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- tight bound, dominance
+def _columns(recs):
+    from numba_bfc.planning import as_records
+
+    r = as_records(recs)
+    return tuple(np.ascontiguousarray(r[k]) for k in ("size", "first", "last"))
+
+
+def _fits_exact(recs, capacity, rules, order_key=0, memo=None, limit=-1):
+    """``_search.fits`` (or ``fits_memo`` with ``memo``) on ``recs``: (status, nodes, offsets)."""
+    from numba_bfc.planning import _search as S
+    from numba_bfc.planning.search import _twins
+
+    sizes, firsts, lasts = _columns(recs)
+    _, a, b = S.sections(firsts, lasts)
+    keys = [(np.arange(len(sizes)), -(b - a), -sizes), (np.arange(len(sizes)), -sizes, a)]
+    order = np.lexsort(keys[order_key]).astype(np.int64)
+    off = np.zeros(len(sizes), dtype=np.int64)
+    args = (sizes, a, b, int(b.max()), order, _twins(sizes, a, b), capacity, 10**7, off, limit,
+            rules)
+    status, nodes = S.fits(*args) if memo is None else S.fits_memo(*args, *memo)
+    return int(status), int(nodes), off
+
+
+def _exact_optimum(recs):
+    """The optimum by the complete search with neither new rule (the search the brute-force
+    tests check), one capacity at a time."""
+    from numba_bfc.planning import _search as S
+
+    capacity = lower_bound(recs)
+    while True:
+        status, _, _ = _fits_exact(recs, capacity, 0)
+        assert status != S.BUDGET
+        if status == S.FOUND:
+            return capacity
+        capacity += 1
+
+
+# Random buffers, some with a scaled, shifted copy of GADGET (optimum above max-live) among them.
+_gadgety = st.tuples(
+    st.lists(st.tuples(st.integers(1, 12), st.integers(0, 14), st.integers(0, 5)), max_size=9),
+    st.booleans(), st.integers(1, 3), st.integers(0, 6)).map(
+    lambda t: [(s, f, f + d) for s, f, d in t[0]]
+    + ([(s * t[2], f + t[3], la + t[3]) for s, f, la in GADGET] if t[1] else []))
+
+
+@settings(max_examples=60, deadline=None)
+@given(recs=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 3), st.integers(0, 2)),
+                     min_size=1, max_size=4).map(lambda rs: [(s, f, f + d) for s, f, d in rs]))
+def test_tight_bound_never_exceeds_brute_force(recs):
+    tight = lower_bound(recs, tight=True, time_limit=5.0)
+    assert lower_bound(recs) <= tight <= _brute_force_optimum(recs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(recs=_gadgety.filter(lambda r: len(r) > 1))
+def test_tight_bound_never_exceeds_the_optimum(recs):
+    tight = lower_bound(recs, tight=True, time_limit=5.0)
+    assert lower_bound(recs) <= tight <= _exact_optimum(recs)
+
+
+def test_tight_bound_above_max_live():
+    assert _fits_brute(list(GADGET), 6) and not _fits_brute(list(GADGET), 5)
+    assert lower_bound(list(GADGET)) == 5 and lower_bound(list(GADGET), tight=True) == 6
+    # Inside a cut instance: only a window around each gadget shows it (the whole is
+    # far too big to search through).
+    capacity, scale = 1 << 16, 1 << 10
+    recs, offsets = gadget_instance(300, capacity, horizon=400, gadgets=3, scale=scale, seed=2)
+    from numba_bfc.planning import OffsetsAssignment
+
+    validate(recs, OffsetsAssignment(offsets, capacity + 6 * scale))  # the plan built with it
+    assert lower_bound(recs) == capacity + 5 * scale
+    assert lower_bound(recs, tight=True, time_limit=60.0) == capacity + 6 * scale
+    with pytest.raises(ValueError, match="tight"):
+        lower_bound(recs, "objects", tight=True)
+    with pytest.raises(ValueError, match="time_limit"):
+        lower_bound(recs, tight=True, time_limit=0)
+
+
+def test_search_proves_a_gadget_instance_optimal_by_the_tight_bound():
+    capacity, scale = 1 << 16, 1 << 10
+    recs, _ = gadget_instance(60, capacity, horizon=100, gadgets=2, scale=scale, seed=1)
+    plan = assign_offsets(recs, "search", time_limit=20.0)
+    validate(recs, plan)
+    assert plan.total_size == capacity + 6 * scale and plan.search.optimal
+    assert plan.search.lower_bound == capacity + 6 * scale > lower_bound(recs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(recs=_gadgety.filter(lambda r: len(r) > 0), extra=st.integers(0, 2))
+def test_dominance_rules_keep_the_search_complete(recs, extra):
+    from numba_bfc.planning import OffsetsAssignment
+    from numba_bfc.planning import _search as S
+
+    capacity = lower_bound(recs) + extra
+    plain, _, _ = _fits_exact(recs, capacity, 0)
+    memo = S.memo_table(1 << 10)
+    for rules in (S.GAP_DOMINANCE, S.MEMO, S.TIGHT_NEIGHBOURS, S.ALL_RULES):
+        for order_key in (0, 1):  # one memo serves every order and limit at one capacity
+            for limit in (-1, 1):
+                status, _, off = _fits_exact(recs, capacity, rules, order_key,
+                                             memo if rules == S.ALL_RULES else None, limit)
+                if limit < 0:
+                    assert status == plain
+                else:
+                    assert status != S.FOUND or plain == S.FOUND
+                if status == S.FOUND:
+                    validate(recs, OffsetsAssignment(off, capacity))
+
+
+def test_dominance_rules_cut_nodes():
+    from numba_bfc.planning import _search as S
+
+    # Deterministic node counts (no timing): proofs that no plan fits, then the plan.
+    rng = np.random.default_rng(8)
+    total = {rules: 0 for rules in (0, S.GAP_DOMINANCE, S.MEMO, S.TIGHT_NEIGHBOURS,
+                                    S.ALL_RULES)}
+    for _ in range(40):
+        recs = [(int(s), int(f), int(f + d)) for s, f, d in
+                zip(rng.integers(1, 50, 30), rng.integers(0, 20, 30), rng.integers(0, 8, 30))]
+        capacity = lower_bound(recs)
+        while True:
+            statuses = set()
+            for rules in total:
+                status, nodes, _ = _fits_exact(recs, capacity, rules)
+                statuses.add(status)
+                total[rules] += nodes
+            assert len(statuses) == 1 and S.BUDGET not in statuses
+            if S.FOUND in statuses:
+                break
+            capacity += 1
+    assert total[S.GAP_DOMINANCE] < total[0] / 4 and total[S.MEMO] < total[0]
+    assert total[S.TIGHT_NEIGHBOURS] < total[0]
+    assert total[S.ALL_RULES] < total[0] / 4

@@ -32,6 +32,12 @@ FOUND = 1
 INFEASIBLE = 0
 BUDGET = -1  # the node budget (or the stack) ran out first
 
+GAP_DOMINANCE = 1  # ``rules`` bits of ``fits``
+MEMO = 2
+TIGHT_NEIGHBOURS = 4
+ALL_RULES = 7
+_MEMO_MAX_BITS = 21  # memo table entries: at most 2**21 (32 MiB)
+
 
 @njit(cache=True)
 def sections(firsts, lasts):
@@ -99,13 +105,48 @@ def _cover_lists(order, a, b, num_sections):
 
 
 @njit(cache=True)
-def _lowest_section(floor, remaining):
-    """The leftmost section with the lowest floor among those still to fill; -1 if none."""
-    best = -1
-    for s in range(floor.shape[0]):
-        if remaining[s] > 0 and (best < 0 or floor[s] < floor[best]):
-            best = s
-    return best
+def _rests_at(floor, lo, hi, m):
+    """Whether a buffer over sections ``[lo, hi)`` would rest at ``m`` (the lowest
+    floor: none of its floors is below it)."""
+    for t in range(lo, hi):
+        if floor[t] != m:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _can_rest(floor, placed, a, b, ptr, cover, t):
+    """Whether some unplaced buffer covering section ``t`` could still rest at its
+    floor (no floor under its lifetime is above it; floors only rise)."""
+    level = floor[t]
+    for x in range(ptr[t], ptr[t + 1]):
+        k = cover[x]
+        if placed[k]:
+            continue
+        ok = True
+        for u in range(a[k], b[k]):
+            if floor[u] > level:
+                ok = False
+                break
+        if ok:
+            return True
+    return False
+
+
+@njit(cache=True)
+def _refresh(tree, key, lo, hi):
+    """Recompute the argmin tree over ``key`` above leaves ``[lo, hi)`` (leaf ``t`` at
+    ``P + t`` names section ``t``; ties go to the lower section). O(hi - lo + log P)."""
+    half = key.shape[0]
+    left = (lo + half) >> 1
+    right = (hi - 1 + half) >> 1
+    while right >= 1:
+        for x in range(left, right + 1):
+            u = tree[2 * x]
+            v = tree[2 * x + 1]
+            tree[x] = u if key[u] <= key[v] else v
+        left >>= 1
+        right >>= 1
 
 
 @njit(cache=True)
@@ -117,8 +158,52 @@ def _max_floor(floor, lo, hi):
 
 
 @njit(cache=True)
+def _mix(x):
+    """splitmix64's finaliser: a 64-bit hash of ``x`` (uint64)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True)
+def _section_key(t, level, gap, salt):
+    """Hash of section ``t`` having floor ``level`` over an empty run from ``gap``."""
+    x = _mix(np.uint64(level) + salt)
+    return _mix(x ^ (np.uint64(gap) + np.uint64(t) * np.uint64(0x9E3779B97F4A7C15)))
+
+
+@njit(cache=True)
+def _memo_slot(t1, t2, h1, h2):
+    """Index of ``(h1, h2)`` in the table (4-way buckets), or -1."""
+    base = np.int64(h2 & np.uint64(t1.shape[0] - 1)) & ~np.int64(3)
+    for k in range(base, base + 4):
+        if t1[k] == h1 and t2[k] == h2:
+            return k
+    return -1
+
+
+@njit(cache=True)
+def _memo_store(t1, t2, h1, h2):
+    base = np.int64(h2 & np.uint64(t1.shape[0] - 1)) & ~np.int64(3)
+    for k in range(base, base + 4):
+        if t1[k] == 0:
+            t1[k] = h1
+            t2[k] = h2
+            return
+    k = base + np.int64((h1 >> np.uint64(7)) & np.uint64(3))  # full: replace one
+    t1[k] = h1
+    t2[k] = h2
+
+
+def memo_table(entries):
+    """An empty memo for ``fits_memo``: two uint64 arrays of ``entries`` (a power of
+    two, >= 4) slots. Made by numpy, so the pages are zeroed only once touched."""
+    return np.zeros(entries, dtype=np.uint64), np.zeros(entries, dtype=np.uint64)
+
+
+@njit(cache=True)
 def fits(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
-         max_discrepancies=-1):
+         max_discrepancies=-1, rules=ALL_RULES):
     """Search for a plan of arena size at most ``capacity``.
 
     ``order`` ranks buffers for branching (tried first when earlier);
@@ -126,13 +211,40 @@ def fits(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
     none), which must be placed before ``i``. With ``max_discrepancies >= 0``
     only paths that leave the first choice at most that many times are walked
     (limited discrepancy search: no proof, but early mistakes get undone
-    first); -1 walks everything. Sizes must be positive (leave zero-size
-    buffers out: they need no place). On ``FOUND`` the plan is in ``offsets``.
-    Returns ``(status, nodes)``; ``INFEASIBLE`` is a proof only with -1.
+    first); -1 walks everything. ``rules`` switches the pruning rules on (bits
+    ``GAP_DOMINANCE``, ``MEMO`` and ``TIGHT_NEIGHBOURS``, all by default). Sizes must be
+    positive (leave zero-size buffers out: they need no place). On ``FOUND``
+    the plan is in ``offsets``. Returns ``(status, nodes)``; ``INFEASIBLE`` is
+    a proof only with -1. ``fits_memo`` is the same search with a memo kept
+    by the caller.
+    """
+    entries = 0  # no memo: nothing would be stored
+    if (rules & MEMO) != 0 and max_discrepancies < 0:
+        entries = 4
+        while entries < (1 << _MEMO_MAX_BITS) and entries < 2 * max_nodes:
+            entries *= 2
+    t1 = np.zeros(entries, dtype=np.uint64)
+    t2 = np.zeros(entries, dtype=np.uint64)
+    return fits_memo(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
+                     max_discrepancies, rules, t1, t2)
+
+
+@njit(cache=True)
+def fits_memo(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
+              max_discrepancies, rules, t1, t2):
+    """``fits`` with the memo ``(t1, t2)`` (from ``memo_table``) given by the caller.
+
+    The memo holds hashes of search states (placed set, floors, empty runs) whose
+    subtree holds no plan within ``capacity``: which states those are depends on
+    neither the branching order nor the discrepancy limit, so one memo may serve
+    every call on the same buffers, ``capacity`` and ``rules`` (and no other).
+    Only the complete search (``max_discrepancies < 0``) adds states; every
+    search skips the states in it.
     """
     n = sizes.shape[0]
     inf = np.int64(1) << 62
     floor = np.zeros(num_sections, dtype=np.int64)
+    gap = np.zeros(num_sections, dtype=np.int64)  # [gap[t], floor[t]) stays empty for good
     remaining = np.zeros(num_sections, dtype=np.int64)
     for i in range(n):
         if sizes[i] > capacity:
@@ -150,6 +262,26 @@ def fits(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
             under[i] = min(under[i], sizes[oidx[x]])
     placed = np.zeros(n, dtype=np.bool_)
     ptr, cover = _cover_lists(order, a, b, num_sections)
+    limited = max_discrepancies >= 0
+    use_gap = (rules & GAP_DOMINANCE) != 0
+    use_tight = (rules & TIGHT_NEIGHBOURS) != 0
+    use_memo = (rules & MEMO) != 0 and t1.shape[0] >= 4
+    store = use_memo and not limited
+    # Memo: two 64-bit hashes of the search state (placed set, floors, empty runs),
+    # which alone decides a subtree; states whose subtree was exhausted are stored.
+    salt1 = np.uint64(0x243F6A8885A308D3)
+    salt2 = np.uint64(0x13198A2E03707344)
+    z1 = np.zeros(n if use_memo else 0, dtype=np.uint64)
+    z2 = np.zeros(n if use_memo else 0, dtype=np.uint64)
+    h1 = np.uint64(0)
+    h2 = np.uint64(0)
+    if use_memo:
+        for i in range(n):
+            z1[i] = _mix(np.uint64(i) + salt1 + np.uint64(0xA4093822299F31D0))
+            z2[i] = _mix(np.uint64(i) + salt2 + np.uint64(0x082EFA98EC4E6C89))
+        for t in range(num_sections):
+            h1 ^= _section_key(t, 0, 0, salt1)
+            h2 ^= _section_key(t, 0, 0, salt2)
     # A path places n buffers and raises each section at most once per level.
     depth_cap = min(n + num_sections * (n + 1), n + (1 << 20)) + 64
     f_sec = np.empty(depth_cap, dtype=np.int64)  # frame: its section
@@ -159,11 +291,24 @@ def fits(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
     f_undo = np.empty(depth_cap, dtype=np.int64)  # start of its saved floors
     f_disc = np.empty(depth_cap, dtype=np.int64)  # discrepancies on the path to it
     f_tried = np.empty(depth_cap, dtype=np.int64)  # branches it has applied so far
-    limited = max_discrepancies >= 0
-    undo = np.empty(depth_cap + int((b - a).sum()) + 64, dtype=np.int64)
+    f_h1 = np.empty(depth_cap, dtype=np.uint64)  # its state's hashes
+    f_h2 = np.empty(depth_cap, dtype=np.uint64)
+    undo = np.empty(depth_cap + 2 * int((b - a).sum()) + 64, dtype=np.int64)
     undo_top = 0
     nodes = 0
-    s0 = _lowest_section(floor, remaining)
+    # The lowest floor among sections still to fill (leftmost on ties): an argmin
+    # tree over ``key`` (the floor, or inf once a section is full), updated per change.
+    half = 1
+    while half < num_sections:
+        half *= 2
+    key = np.full(half, inf, dtype=np.int64)
+    tree = np.zeros(2 * half, dtype=np.int64)
+    for t in range(half):
+        tree[half + t] = t
+        if t < num_sections and remaining[t] > 0:
+            key[t] = floor[t]
+    _refresh(tree, key, 0, half)
+    s0 = tree[1] if key[tree[1]] < inf else -1
     if s0 < 0:
         return FOUND, 0
     top = 0
@@ -174,6 +319,8 @@ def fits(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
     f_undo[0] = 0
     f_disc[0] = 0
     f_tried[0] = 0
+    f_h1[0] = h1 | np.uint64(1)
+    f_h2[0] = h2
     while top >= 0:
         s = f_sec[top]
         m = f_level[top]
@@ -184,13 +331,20 @@ def fits(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
             k = f_undo[top]
             for t in range(a[c], b[c]):
                 floor[t] = undo[k]
+                gap[t] = undo[k + 1]
                 remaining[t] += sizes[c]
-                k += 1
+                key[t] = floor[t]
+                k += 2
+            _refresh(tree, key, a[c], b[c])
             undo_top = f_undo[top]
         elif c == -2:
             floor[s] = undo[f_undo[top]]
+            key[s] = floor[s]
+            _refresh(tree, key, s, s + 1)
             undo_top = f_undo[top]
         f_choice[top] = -1
+        h1 = f_h1[top]
+        h2 = f_h2[top]
         if nodes >= max_nodes:
             return BUDGET, nodes
         if limited and f_tried[top] > 0 and f_disc[top] >= max_discrepancies:
@@ -205,22 +359,42 @@ def fits(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
             f_cursor[top] += 1
             if placed[i] or (twin[i] >= 0 and not placed[twin[i]]):
                 continue
-            if sizes[i] > capacity - m or _max_floor(floor, a[i], b[i]) != m:
+            if sizes[i] > capacity - m or not _rests_at(floor, a[i], b[i], m):
                 continue
             f_undo[top] = undo_top
             top_i = m + sizes[i]
             for t in range(a[i], b[i]):
                 undo[undo_top] = floor[t]
-                undo_top += 1
+                undo[undo_top + 1] = gap[t]
+                undo_top += 2
+                if use_memo:
+                    h1 ^= _section_key(t, floor[t], gap[t], salt1) ^ _section_key(
+                        t, top_i, top_i, salt1)
+                    h2 ^= _section_key(t, floor[t], gap[t], salt2) ^ _section_key(
+                        t, top_i, top_i, salt2)
                 floor[t] = top_i
+                gap[t] = top_i
                 remaining[t] -= sizes[i]
+                key[t] = top_i if remaining[t] > 0 else inf
                 if top_i + remaining[t] > capacity:
                     pruned = True
+            _refresh(tree, key, a[i], b[i])
+            if use_memo:
+                h1 ^= z1[i]
+                h2 ^= z2[i]
             placed[i] = True
             offsets[i] = m
             f_choice[top] = i
             applied = True
             nodes += 1
+            if use_tight and not pruned:
+                # A section with no slack left must get a buffer resting right on its
+                # floor; next to i, one whose every candidate now reaches over i is dead.
+                for t in (a[i] - 1, b[i]):
+                    if 0 <= t < num_sections and remaining[t] > 0 \
+                            and floor[t] + remaining[t] == capacity and floor[t] < top_i \
+                            and not _can_rest(floor, placed, a, b, ptr, cover, t):
+                        pruned = True
             break
         if pruned:
             continue  # undone at the top of the next iteration
@@ -238,17 +412,52 @@ def fits(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
                 f_undo[top] = undo_top
                 undo[undo_top] = floor[s]
                 undo_top += 1
+                if use_memo:
+                    h1 ^= _section_key(s, m, gap[s], salt1) ^ _section_key(
+                        s, level, gap[s], salt1)
+                    h2 ^= _section_key(s, m, gap[s], salt2) ^ _section_key(
+                        s, level, gap[s], salt2)
                 floor[s] = level
+                key[s] = level
+                _refresh(tree, key, s, s + 1)
                 f_choice[top] = -2
                 applied = True
                 nodes += 1
+                if use_gap:
+                    # Skip dominance: an unplaced buffer that fits in empty space under
+                    # every floor of its lifetime would be placed above it, and could
+                    # drop into it; plans where no buffer can move down suffice.
+                    for x in range(ptr[s], end):
+                        k = cover[x]
+                        if placed[k]:
+                            continue
+                        g = gap[a[k]]
+                        f = floor[a[k]]
+                        for t in range(a[k] + 1, b[k]):
+                            g = max(g, gap[t])
+                            f = min(f, floor[t])
+                        if g + sizes[k] <= f:
+                            pruned = True
+                            break
+                if use_tight and not pruned:
+                    for t in (s - 1, s + 1):
+                        if 0 <= t < num_sections and remaining[t] > 0 \
+                                and floor[t] + remaining[t] == capacity and floor[t] < level \
+                                and not _can_rest(floor, placed, a, b, ptr, cover, t):
+                            pruned = True
+                if pruned:
+                    continue  # undone at the top of the next iteration
         if not applied:
+            if store:
+                _memo_store(t1, t2, f_h1[top], f_h2[top])  # its whole subtree failed
             top -= 1  # every branch tried
             continue
         f_tried[top] += 1
-        nxt = _lowest_section(floor, remaining)
+        nxt = tree[1] if key[tree[1]] < inf else -1
         if nxt < 0:
             return FOUND, nodes
+        if use_memo and _memo_slot(t1, t2, h1 | np.uint64(1), h2) >= 0:
+            continue  # a state whose subtree already failed: undone next iteration
         if top + 1 >= depth_cap:
             return BUDGET, nodes
         top += 1
@@ -258,4 +467,105 @@ def fits(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
         f_choice[top] = -1
         f_disc[top] = f_disc[top - 1] + (1 if f_tried[top - 1] > 1 else 0)
         f_tried[top] = 0
+        f_h1[top] = h1 | np.uint64(1)
+        f_h2[top] = h2
     return INFEASIBLE, nodes
+
+
+@njit(cache=True)
+def _window_instance(sizes, a, b, lo, hi):
+    """The buffers live in sections ``[lo, hi)``, lifetimes clipped to them (sections
+    renumbered from 0); those live in all of them are left out, their bytes summed.
+    Returns ``(sizes, a, b, bytes left out)``."""
+    n = sizes.shape[0]
+    keep = 0
+    base = 0
+    for i in range(n):
+        if a[i] < hi and b[i] > lo:
+            if a[i] <= lo and b[i] >= hi:
+                base += sizes[i]
+            else:
+                keep += 1
+    ws = np.empty(keep, dtype=np.int64)
+    wa = np.empty(keep, dtype=np.int64)
+    wb = np.empty(keep, dtype=np.int64)
+    k = 0
+    for i in range(n):
+        if a[i] < hi and b[i] > lo and not (a[i] <= lo and b[i] >= hi):
+            ws[k] = sizes[i]
+            wa[k] = max(a[i], lo) - lo
+            wb[k] = min(b[i], hi) - lo
+            k += 1
+    return ws, wa, wb, base
+
+
+@njit(cache=True)
+def _order_and_twins(sizes, a, b):
+    """Branching order (longest, then largest first) and ``twin`` links, as the driver's."""
+    n = sizes.shape[0]
+    order = np.argsort(-sizes, kind="mergesort")
+    order = order[np.argsort(-(b - a)[order], kind="mergesort")]
+    twin = np.full(n, -1, dtype=np.int64)
+    by = np.argsort(b, kind="mergesort")
+    by = by[np.argsort(a[by], kind="mergesort")]
+    by = by[np.argsort(sizes[by], kind="mergesort")]
+    for k in range(1, n):
+        i, j = by[k], by[k - 1]
+        if sizes[i] == sizes[j] and a[i] == a[j] and b[i] == b[j]:
+            twin[i] = j
+    return order, twin
+
+
+@njit(cache=True)
+def window_bound(sizes, a, b, lower, width, per_window, max_nodes, start=0):
+    """Raise ``lower`` by exact searches on windows of ``width`` consecutive sections.
+
+    The buffers live in a window, their lifetimes clipped to it, form a smaller
+    instance, and any plan of the whole restricts to a plan of it: its optimum
+    is a lower bound. Buffers live in the whole window overlap every other one
+    there, so they stack at the top of any plan of it and leave the search with
+    their bytes taken off. A window whose complete search runs out of plans
+    (``INFEASIBLE``, at most ``per_window`` nodes) proves the bound one byte
+    higher, and bisection raises it further. Windows slide by half a width,
+    from section ``start``. Returns ``(bound, nodes used, next start)``: it
+    stops once ``max_nodes`` are used; the next start is past the last section
+    when every window was searched.
+    """
+    num_sections = 0
+    for i in range(sizes.shape[0]):
+        num_sections = max(num_sections, b[i])
+    width = min(width, num_sections)
+    if width < 1:
+        return lower, 0, num_sections
+    stride = max(1, width // 2)
+    used = 0
+    while start + width <= num_sections and used < max_nodes:
+        ws, wa, wb, base = _window_instance(sizes, a, b, start, start + width)
+        start = min(start + stride, num_sections - width) if start + width < num_sections \
+            else num_sections
+        if ws.shape[0] < 2:
+            continue
+        order, twin = _order_and_twins(ws, wa, wb)
+        offsets = np.zeros(ws.shape[0], dtype=np.int64)
+        # Does the window fit in ``lower`` bytes? If not, bisect: no plan of it fits
+        # in ``lo`` bytes (proven), one fits in ``hi`` (found, or stacking it all).
+        lo = lower - 1
+        hi = base + ws.sum()
+        probe = lower
+        while hi - lo > 1 and used < max_nodes:
+            status, nodes = fits(ws, wa, wb, width, order, twin, probe - base, per_window,
+                                 offsets)
+            used += nodes
+            if status == INFEASIBLE:
+                lo = probe
+            elif lo < lower:
+                break  # it fits in the current bound (or may): nothing to gain here
+            elif status == FOUND:
+                hi = base + (offsets + ws).max()
+            else:
+                hi = probe
+            probe = lo + (hi - lo) // 2
+        lower = max(lower, lo + 1)
+    if start + width > num_sections:
+        start = num_sections
+    return lower, used, start

@@ -51,7 +51,8 @@ def calculate_positional_maximums(records) -> np.ndarray:
     return K.positional_maximums(*_columns(records))
 
 
-def lower_bound(records, kind: str = "offsets") -> int:
+def lower_bound(records, kind: str = "offsets", *, tight: bool = False,
+                time_limit: float = 1.0) -> int:
     """A lower bound on the memory any plan needs.
 
     Parameters
@@ -63,14 +64,35 @@ def lower_bound(records, kind: str = "offsets") -> int:
         plan needs at least that). ``"objects"``: the sum of positional
         maximums (every shared-objects plan's k-th largest object is at least
         ``PM[k]``). ``offsets <= objects`` always.
+    tight : bool
+        ``"offsets"`` only: raise the bound by exact searches on windows of
+        consecutive time sections (the buffers live there, lifetimes clipped:
+        a smaller instance whose optimum no plan of the whole can beat), for
+        up to ``time_limit`` seconds (a cold Numba cache's compile time
+        counts). Never below the plain bound, never above the optimum.
 
     Returns
     -------
     int
+
+    Examples
+    --------
+    >>> recs = [(3, 5, 7), (2, 6, 8), (1, 2, 4), (1, 4, 5), (2, 1, 1), (3, 0, 3), (1, 2, 5)]
+    >>> lower_bound(recs), lower_bound(recs, tight=True)
+    (5, 6)
     """
     if kind not in ("offsets", "objects"):
         raise ValueError(f"kind must be 'offsets' or 'objects', got {kind!r}")
+    if tight and kind != "offsets":
+        raise ValueError("tight=True is for kind='offsets'")
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) \
+            or not time_limit > 0:
+        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
     cols = _columns(records)
     if kind == "offsets":
+        if tight:
+            from .search import window_lower_bound
+
+            return int(window_lower_bound(*cols, time_limit=float(time_limit)))
         return int(K.max_live_bytes(*cols))
     return int(K.positional_maximums(*cols).sum())

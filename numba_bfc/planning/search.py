@@ -19,12 +19,15 @@ import numpy as np
 from . import _kernels as K
 from . import _search as S
 
-__all__ = ["SearchStats", "search_offsets"]
+__all__ = ["SearchStats", "search_offsets", "window_lower_bound"]
 
 _FIRST_BUDGET = 20_000  # nodes of the first call; later budgets follow the measured node rate
 _FIRST_WORK = 20_000_000  # ... fewer on large instances: a node scans every section
 _MAX_BUDGET = 1 << 40
 _MAX_TOTAL = 1 << 62  # byte sums stay below this, so no int64 arithmetic can wrap
+_WINDOW_NODES = 2_000  # nodes per exact search of one window (tight lower bound)
+_BOUND_SHARE = 0.1  # of the time limit, for the tight lower bound
+_MEMO_ENTRIES = 1 << 20  # per memo table (two uint64 arrays, zeroed pages only once used)
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,9 @@ class SearchStats:
     optimal : bool
         Proven optimal: it meets ``lower_bound``, or no plan one byte smaller exists.
     lower_bound : int
-        The best proven lower bound (max-live bytes, raised by exhausted searches).
+        The best proven lower bound: max-live bytes, raised by exact searches on
+        windows of the instance (``window_lower_bound``, when the first round
+        does not solve it) and by exhausted searches.
     greedy_size : int
         The best greedy start's arena size, and ``greedy_order`` its order.
     nodes : int
@@ -89,6 +94,51 @@ def _twins(sizes, a, b):
     return twin
 
 
+def window_lower_bound(sizes, firsts, lasts, time_limit: float = 1.0,
+                       per_window: int = _WINDOW_NODES, lower: int | None = None) -> int:
+    """A lower bound on the arena size of every plan, at least max-live.
+
+    Exact searches (``_search.window_bound``) on the buffers of windows of
+    consecutive time sections, 2, 3, 4, 6, 9, ... sections wide and at last
+    all of them, each search at most ``per_window`` nodes, until
+    ``time_limit`` seconds are spent: a window in which no plan fits in C bytes
+    proves that no plan of the whole does. Zero-size records are left out.
+    """
+    keep = sizes > 0
+    sizes, firsts, lasts = sizes[keep], firsts[keep], lasts[keep]
+    if sizes.shape[0] and int(sizes.sum()) >= _MAX_TOTAL:
+        raise ValueError(f"record sizes add up to {int(sizes.sum())} bytes; the planner needs "
+                         f"less than 2**62")
+    live = int(K.max_live_bytes(sizes, firsts, lasts))
+    lower = live if lower is None else max(live, int(lower))
+    if sizes.shape[0] < 2:
+        return lower
+    t0 = time.perf_counter()
+    _, a, b = S.sections(firsts, lasts)
+    num_sections = int(b.max())
+    widths, w = [], 2
+    while w < num_sections:
+        widths.append(w)
+        w += max(1, w // 2)
+    widths.append(num_sections)
+    budget, rate = 20 * per_window, None
+    for width in widths:
+        start = 0
+        while start < num_sections:
+            left = time_limit - (time.perf_counter() - t0)
+            if left <= 0:
+                return lower
+            call_budget = budget if rate is None else max(per_window, int(rate * left))
+            t1 = time.perf_counter()
+            lower, used, start = S.window_bound(sizes, a, b, lower, width, per_window,
+                                                call_budget, start)
+            elapsed = time.perf_counter() - t1
+            if elapsed > 0.002:
+                rate = used / elapsed
+            lower = int(lower)
+    return lower
+
+
 def search_offsets(sizes, firsts, lasts, time_limit: float = 3.0, capacity: int | None = None,
                    lower: int | None = None):
     """Offsets for 1-D records by greedy starts and branch and bound.
@@ -135,6 +185,7 @@ def search_offsets(sizes, firsts, lasts, time_limit: float = 3.0, capacity: int 
     rate = None  # nodes per second, once measured
     exhausted_budget = False
     rounds = 0
+    memos = {}
     while best > proven and (capacity is None or best > capacity >= proven):
         # Each round: the smallest unproven size (often the optimum, and where pruning
         # is strongest), then the middle of the gap. Rounds alternate a limited
@@ -153,8 +204,12 @@ def search_offsets(sizes, firsts, lasts, time_limit: float = 3.0, capacity: int 
             left = time_limit - (time.perf_counter() - t0)
             call_budget = budget if rate is None else max(1000, min(budget, int(rate * left)))
             t1 = time.perf_counter()
-            status, used = S.fits(sizes, a, b, num_sections, branch_order, twin, size,
-                                  call_budget, offsets, limit)
+            if size not in memos:  # one memo per size, shared by its calls; two kept
+                if len(memos) >= 2:
+                    del memos[next(k for k in memos if k != proven)]
+                memos[size] = S.memo_table(_MEMO_ENTRIES)
+            status, used = S.fits_memo(sizes, a, b, num_sections, branch_order, twin, size,
+                                       call_budget, offsets, limit, S.ALL_RULES, *memos[size])
             elapsed = time.perf_counter() - t1
             if elapsed > 0.002:
                 rate = used / elapsed
@@ -172,6 +227,12 @@ def search_offsets(sizes, firsts, lasts, time_limit: float = 3.0, capacity: int 
             break
         if time.perf_counter() - t0 >= time_limit:
             break
+        if rounds == 0 and best > proven and capacity is None:
+            # Not solved at once: is the optimum above max-live? Exact searches on
+            # windows of the instance may prove so (a share of the time).
+            share = min(_BOUND_SHARE * time_limit, time_limit - (time.perf_counter() - t0))
+            tight = window_lower_bound(sizes, firsts, lasts, share, lower=proven)
+            proven = max(proven, min(tight, best))
         rounds += 1
         if not progress and limit < 0 and exhausted_budget:
             budget = min(2 * budget, _MAX_BUDGET)
