@@ -39,19 +39,7 @@ def test_search(benchmark, n, time_cuts):
     plans = benchmark.pedantic(
         lambda: [assign_offsets(r, "search", time_limit=TIME_LIMIT) for r in instances],
         rounds=1, iterations=1)
-    greedy = [p.search.greedy_size / CAPACITY for p in plans]
-    found = [p.total_size / CAPACITY for p in plans]
-    t_opt = [next((t for t, v in p.search.improvements if v == CAPACITY), None) for p in plans]
-    benchmark.extra_info.update(
-        greedy=[round(x, 3) for x in greedy], search=[round(x, 3) for x in found],
-        seconds_to_optimum=[None if t is None else round(t, 2) for t in t_opt],
-        proven=[bool(p.search.optimal) for p in plans])
-    print(f"\nn={n} time_cuts={time_cuts}: greedy {np.mean(greedy):.3f}, search "
-          f"{np.mean(found):.3f}, optimal {sum(x == 1.0 for x in found)}/{len(plans)} "
-          f"(proven {sum(bool(p.search.optimal) for p in plans)}), time to optimum "
-          f"{[None if t is None else round(t, 2) for t in t_opt]}")
-    for p, r in zip(plans, instances):
-        assert p.total_size <= assign_offsets(r, "greedy_by_size").total_size
+    _summarise(benchmark, plans, instances, CAPACITY)
 
 
 @pytest.mark.parametrize("n,gadgets", GADGET_FAMILIES)
@@ -66,19 +54,25 @@ def test_search_gadgets(benchmark, n, gadgets):
         rounds=1, iterations=1)
     live = [lower_bound(r) / optimum for r in instances]
     tight = [lower_bound(r, tight=True, time_limit=1.0) / optimum for r in instances]
-    greedy = [p.search.greedy_size / optimum for p in plans]
-    found = [p.total_size / optimum for p in plans]
+    _summarise(benchmark, plans, instances, optimum, max_live=live, tight_bound=tight)
+    for p in plans:
+        assert p.search.lower_bound <= optimum  # a bound above the known optimum: unsound
+
+
+def _summarise(benchmark, plans, instances, optimum, **ratios):
+    """Record and print each plan's greedy and search sizes over the optimum (and
+    any other ``ratios``), the time to the optimum and the proofs; check that the
+    search never ends above greedy_by_size."""
+    ratios.update(greedy=[p.search.greedy_size / optimum for p in plans],
+                  search=[p.total_size / optimum for p in plans])
     t_opt = [next((t for t, v in p.search.improvements if v == optimum), None) for p in plans]
+    proven = [bool(p.search.optimal) for p in plans]
+    benchmark.extra_info.update({k: [round(x, 3) for x in v] for k, v in ratios.items()})
     benchmark.extra_info.update(
-        max_live=[round(x, 3) for x in live], tight_bound=[round(x, 3) for x in tight],
-        greedy=[round(x, 3) for x in greedy], search=[round(x, 3) for x in found],
-        seconds_to_optimum=[None if t is None else round(t, 2) for t in t_opt],
-        proven=[bool(p.search.optimal) for p in plans])
-    print(f"\ngadgets n={n} k={gadgets}: max-live {np.mean(live):.3f}, tight bound "
-          f"{np.mean(tight):.3f}, greedy {np.mean(greedy):.3f}, search {np.mean(found):.3f}, "
-          f"optimal {sum(p.total_size == optimum for p in plans)}/{len(plans)} (proven "
-          f"{sum(bool(p.search.optimal) for p in plans)}), time to optimum "
-          f"{[None if t is None else round(t, 2) for t in t_opt]}")
+        seconds_to_optimum=[None if t is None else round(t, 2) for t in t_opt], proven=proven)
+    means = ", ".join(f"{k} {np.mean(v):.3f}" for k, v in ratios.items())
+    print(f"\n{benchmark.group}: {means}, optimal {sum(p.total_size == optimum for p in plans)}/"
+          f"{len(plans)} (proven {sum(proven)}), time to optimum "
+          f"{benchmark.extra_info['seconds_to_optimum']}")
     for p, r in zip(plans, instances):
         assert p.total_size <= assign_offsets(r, "greedy_by_size").total_size
-        assert p.search.lower_bound <= optimum  # a bound above the known optimum: unsound

@@ -41,9 +41,6 @@ FACTORIES = {"bfc": _bfc, "caching": _caching, "compact": _compact}
 
 
 def _unlocked(a):
-    if isinstance(a, CachingAllocator):
-        from numba_bfc.allocators.caching import _ALLOCATE_UNLOCKED, _DEALLOCATE_UNLOCKED
-        return _ALLOCATE_UNLOCKED, _DEALLOCATE_UNLOCKED
     return a._ALLOCATE_UNLOCKED, a._DEALLOCATE_UNLOCKED
 
 

@@ -66,6 +66,8 @@ class CachingAllocator(TableStore, CachingBase):
     """
 
     _POLICY = CACHING_POLICY
+    _ALLOCATE_UNLOCKED = _ALLOCATE_UNLOCKED  # as BFC's; the fast paths use the module names
+    _DEALLOCATE_UNLOCKED = _DEALLOCATE_UNLOCKED
     _IN_USE_SLOT = C.C_STATS + C.ALLOCATED_BYTES * 12  # allocated_bytes.all.current
 
     def __init__(self, backend, memory_limit=None, max_split_size=None,

@@ -94,6 +94,12 @@ def _twins(sizes, a, b):
     return twin
 
 
+def _check_total(sizes) -> None:
+    if sizes.shape[0] and int(sizes.sum()) >= _MAX_TOTAL:
+        raise ValueError(f"record sizes add up to {int(sizes.sum())} bytes; the planner needs "
+                         f"less than 2**62")
+
+
 def window_lower_bound(sizes, firsts, lasts, time_limit: float = 1.0,
                        per_window: int = _WINDOW_NODES, lower: int | None = None) -> int:
     """A lower bound on the arena size of every plan, at least max-live.
@@ -106,9 +112,7 @@ def window_lower_bound(sizes, firsts, lasts, time_limit: float = 1.0,
     """
     keep = sizes > 0
     sizes, firsts, lasts = sizes[keep], firsts[keep], lasts[keep]
-    if sizes.shape[0] and int(sizes.sum()) >= _MAX_TOTAL:
-        raise ValueError(f"record sizes add up to {int(sizes.sum())} bytes; the planner needs "
-                         f"less than 2**62")
+    _check_total(sizes)
     live = int(K.max_live_bytes(sizes, firsts, lasts))
     lower = live if lower is None else max(live, int(lower))
     if sizes.shape[0] < 2:
@@ -148,9 +152,7 @@ def search_offsets(sizes, firsts, lasts, time_limit: float = 3.0, capacity: int 
     below the lower bound returns the best greedy start at once. Zero-size
     records get offset 0 and take no part in the search.
     """
-    if sizes.shape[0] and int(sizes.sum()) >= _MAX_TOTAL:
-        raise ValueError(f"record sizes add up to {int(sizes.sum())} bytes; the planner needs "
-                         f"less than 2**62")
+    _check_total(sizes)
     keep = np.flatnonzero(sizes > 0)
     if keep.shape[0] < sizes.shape[0]:
         offsets = np.zeros(sizes.shape[0], dtype=np.int64)
