@@ -108,6 +108,17 @@ def _check_records(records, regions, counters, largest, limit, bins_by_size=True
     _require(largest == expect_largest, f"largest free {largest} != {expect_largest}")
 
 
+def _merged(ranges) -> list[tuple[int, int]]:
+    """``(start, size)`` ranges in address order with adjacent ones joined."""
+    out: list[tuple[int, int]] = []
+    for start, size in sorted(ranges):
+        if out and out[-1][0] + out[-1][1] == start:
+            out[-1] = (out[-1][0], out[-1][1] + size)
+        else:
+            out.append((start, size))
+    return out
+
+
 def _check_compact(a, records, regions) -> None:
     """Backend pieces tile the regions exactly; the release rule has been applied."""
     pieces = list(a._pieces.items())
@@ -137,6 +148,15 @@ def _check_compact(a, records, regions) -> None:
                  or tail < a.release_threshold or a._tail_start(base, base + size) > newest,
                  f"region {base:#x} keeps a releasable free tail of {tail} bytes")
     _require(k == len(pieces), "a backend piece lies outside every region")
+    # What the backends hold is exactly the pieces: a page given back from the
+    # middle of a region (remapping) is unmapped there too.
+    for space, backend in enumerate(a._space_backends):
+        mapped = getattr(backend, "mapped_ranges", None)
+        if mapped is None or not backend.supports_coalescing:
+            continue
+        held = _merged((p, s) for p, (s, sp) in pieces if sp == space)
+        _require(held == _merged(mapped()),
+                 f"space {space}: the backend's mapped ranges differ from the pieces")
 
 
 def _check_caching(a, records, largest) -> None:

@@ -217,6 +217,93 @@ def test_timestamped_frees_are_not_given_back():
     check_invariants(a)
 
 
+# ---------------------------------------------------------------------- remapping
+@pytest.mark.parametrize("cls", [CompactAllocator, ReferenceCompactAllocator])
+def test_empty_cache_unmaps_free_pages_in_the_middle_and_growth_refills_them(cls):
+    a = make(cls, threshold=0)
+    base = 1 << 40
+    p, q, r = a.allocate_raw(PAGE), a.allocate_raw(3 * PAGE), a.allocate_raw(PAGE)
+    assert (p, q, r) == (base, base + PAGE, base + 4 * PAGE) and len(a.regions()) == 1
+    a.deallocate_raw(q)
+    assert a.empty_cache() == 3 * PAGE  # a hole in the middle: the region splits
+    assert a.regions() == [(base, PAGE), (base + 4 * PAGE, PAGE)]
+    assert a.backend.mapped_ranges() == [(base, PAGE), (base + 4 * PAGE, PAGE)]
+    assert a.get_stats().bytes_reserved == 2 * PAGE == a.backend.bytes_held
+    check_invariants(a)
+    # Two pages either way: the hole (lower address) wins over the top.
+    assert a.allocate_raw(2 * PAGE) == base + PAGE
+    assert a.regions() == [(base, 3 * PAGE), (base + 4 * PAGE, PAGE)]
+    # Filling the last page of the hole joins the two regions again.
+    assert a.allocate_raw(PAGE) == base + 3 * PAGE
+    assert a.regions() == [(base, 5 * PAGE)]
+    assert a.get_stats().bytes_reserved == 5 * PAGE
+    check_invariants(a)
+
+
+@pytest.mark.parametrize("cls", [CompactAllocator, ReferenceCompactAllocator])
+def test_only_whole_free_pages_go_back(cls):
+    a = make(cls, threshold=0)
+    base = 1 << 40
+    p = a.allocate_raw(PAGE // 2)
+    q = a.allocate_raw(3 * PAGE)  # [base + PAGE/2, base + 3.5 PAGE)
+    r = a.allocate_raw(PAGE // 2)
+    assert (q, r) == (base + PAGE // 2, base + 7 * PAGE // 2)
+    a.deallocate_raw(q)
+    assert a.empty_cache() == 2 * PAGE  # pages 1 and 2; pages 0 and 3 hold p and r
+    assert a.regions() == [(base, PAGE), (base + 3 * PAGE, PAGE)]
+    # The free halves stay, each at the edge of its region, and hole fills use them.
+    assert a.allocate_raw(5 * PAGE // 2) == base + PAGE // 2
+    assert a.regions() == [(base, 4 * PAGE)] and a.get_stats().bytes_reserved == 4 * PAGE
+    a.deallocate_raw(p)
+    a.deallocate_raw(r)
+    check_invariants(a)
+
+
+@pytest.mark.parametrize("cls", [CompactAllocator, ReferenceCompactAllocator])
+def test_the_defragmenting_retry_serves_what_would_have_run_out(cls):
+    a = make(cls, limit=6 * PAGE, threshold=0)
+    base = 1 << 40
+    a.allocate_raw(PAGE)
+    b = a.allocate_raw(7 * PAGE // 2)
+    a.allocate_raw(PAGE // 2)
+    d = a.allocate_raw(PAGE)
+    a.deallocate_raw(b)
+    a.deallocate_raw(d)
+    assert a.get_stats().bytes_reserved == 6 * PAGE  # at the limit, 4.5 pages free
+    # 3.6 pages fit in no free chunk and growing would pass the limit: the retry
+    # unmaps pages 1-3 and 5, then grows at the top within the limit.
+    p = a.allocate_raw(36 * PAGE // 10)
+    assert p == base + 5 * PAGE
+    assert a.regions() == [(base, PAGE), (base + 4 * PAGE, 5 * PAGE)]
+    assert a.get_stats().bytes_reserved == 6 * PAGE == a.backend.bytes_held
+    check_invariants(a)
+
+
+remap_sizes = st.one_of(st.integers(1, 2 * KiB), st.integers(1, 12 * KiB),
+                        st.sampled_from([4 * KiB, 8 * KiB, 6 * KiB]))
+remap_alloc = st.tuples(st.just("alloc"), remap_sizes, st.sampled_from([256, 256, 1024, 4096]))
+remap_free = st.tuples(st.just("free"), st.integers(0, 1000), st.just(0))
+remap_ops = st.one_of(remap_alloc, remap_alloc, remap_free, remap_free,
+                      st.tuples(st.just("empty_cache"), st.just(0), st.just(0)))
+
+
+@settings(max_examples=120, deadline=None)
+@given(limit=st.sampled_from([16 * 4 * KiB, 24 * 4 * KiB, 40 * 4 * KiB]),
+       small=st.sampled_from([0, 2 * KiB]), threshold=st.sampled_from([0, 0, 8 * KiB]),
+       program=st.lists(remap_ops, min_size=20, max_size=200))
+def test_remapping_matches_reference_at_tight_limits(limit, small, threshold, program):
+    """4 KiB pages, limits of 16-40 pages: holes are punched on most OOM paths and
+    on empty_cache, and growth fills them."""
+    config = dict(limit=limit, page=4 * KiB, small=small, threshold=threshold)
+    fast, ref = make(CompactAllocator, **config), make(ReferenceCompactAllocator, **config)
+    live_f, live_r, freed_f, freed_r = [], [], [], []
+    for op in program:
+        assert _step(fast, live_f, freed_f, op) == _step(ref, live_r, freed_r, op), op
+        assert _observe(fast) == _observe(ref), op
+        check_invariants(fast)
+        check_invariants(ref)
+
+
 # ---------------------------------------------------------------------- oracle
 sizes = st.one_of(st.integers(1, 4 * KiB), st.integers(1, 300 * KiB),
                   st.integers(300 * KiB, 3 * MiB), st.sampled_from([256, PAGE, PAGE + 1]))
@@ -334,13 +421,27 @@ def test_min_limit_brackets_the_first_failing_limit(policy):
     assert replay(t, policy, limit=m.limit - tol, stop_on_oom=True).ooms > 0
 
 
-def test_compact_min_limit_is_its_unlimited_peak():
-    """Compact never grows past what a request needs, so the limit does not change its
-    choices: the smallest workable limit is the page-rounded peak it reserves unlimited."""
+def _no_remap(**kwargs):
+    backend = VirtualSubAllocator(contiguous=True, **kwargs)
+    backend.supports_remap = False
+    return backend
+
+
+def test_remapping_brings_the_min_limit_below_the_unlimited_peak():
+    """Unlimited, compact never gives pages back; at a tight limit the defragmenting
+    retry does, so the smallest workable limit falls below the unlimited peak. Without
+    remapping it is the unlimited peak itself (the limit then changes no choice)."""
     t = GENERATORS["bursty"]()
     m = min_limit(t, "compact", tolerance=1, page_size=PAGE)
-    assert m.limit == m.unlimited_reserved_bytes
-    assert m.limit % PAGE == 0
+    assert m.limit < m.unlimited_reserved_bytes and m.limit % PAGE == 0
+    at_min = replay(t, "compact", limit=m.limit, page_size=PAGE, stop_on_oom=True)
+    assert at_min.ooms == 0 and at_min.backend_frees > 0
+    plain = CompactAllocator(_no_remap(), memory_limit=m.limit, page_size=PAGE,
+                             small_backend=_no_remap(base=1 << 52))
+    assert replay(t, plain, stop_on_oom=True).ooms > 0
+    plain = CompactAllocator(_no_remap(), memory_limit=m.unlimited_reserved_bytes,
+                             page_size=PAGE, small_backend=_no_remap(base=1 << 52))
+    assert replay(t, plain, stop_on_oom=True).ooms == 0
 
 
 def test_min_limit_of_an_empty_trace_and_bad_input():

@@ -148,9 +148,13 @@ class FakeDriver:
 
     def cuMemSetAccess(self, addr, size, descs, count):
         self._log("cuMemSetAccess")
-        assert self.mapped[addr][0] == size and count == len(descs) == 1
+        # One call may span several adjacent mappings, which must tile the range.
+        pos = addr
+        while pos < addr + size:
+            self.accessible.add(pos)
+            pos += self.mapped[pos][0]
+        assert pos == addr + size and count == len(descs) == 1
         assert descs[0].flags == "rw"
-        self.accessible.add(addr)
 
     def cuMemUnmap(self, addr, size):
         self._log("cuMemUnmap")
@@ -222,26 +226,56 @@ def test_calls_made_without_a_current_context_push_it(fake_driver):
 # ---------------------------------------------------------------------- virtual
 def test_virtual_backend_maps_adjacent_regions_and_unmaps_unions(fake_driver):
     b = CudaVirtualSubAllocator(context=FakeContext())
-    assert b.supports_coalescing and not b.ipc_capable
-    assert b.granularity == 2 * MiB and b.va_size == 256 * MiB
+    assert b.supports_coalescing and b.supports_remap and not b.ipc_capable
+    assert b.granularity == 2 * MiB and b.va_size == 512 * MiB  # twice the memory
     p1, n1 = b.alloc(MiB)
     p2, n2 = b.alloc(3 * MiB)
     p3, n3 = b.alloc(2 * MiB)
     assert (n1, n2, n3) == (2 * MiB, 4 * MiB, 2 * MiB)
     assert p1 == b.va_base and p2 == p1 + n1 and p3 == p2 + n2
-    assert fake_driver.accessible == {p1, p2, p3}
+    # One physical allocation per granule, so any granule can be unmapped alone.
+    assert sorted(fake_driver.mapped) == [p1, p2, p2 + 2 * MiB, p3]
+    assert set(fake_driver.handles.values()) == {2 * MiB}
+    assert fake_driver.accessible == set(fake_driver.mapped)
+    assert fake_driver.calls.count("cuMemSetAccess") == 3  # one per alloc, over its range
     b.free(p1, n1 + n2)  # a coalescing allocator frees merged regions at once
     assert b.regions() == [(p3, n3)]
-    assert fake_driver.calls[-5:] == ["cuCtxSynchronize", "cuMemUnmap", "cuMemRelease",
-                                      "cuMemUnmap", "cuMemRelease"]
+    assert fake_driver.calls[-7:] == ["cuCtxSynchronize"] + ["cuMemUnmap", "cuMemRelease"] * 3
     # The hole at the bottom of the range is reused first.
     p4, n4 = b.alloc(6 * MiB)
     assert (p4, n4) == (b.va_base, 6 * MiB)
+    assert b.regions() == [(p4, n4 + n3)]  # adjacent granules read as one range
     with pytest.raises(ValueError):
         b.free(p3, 2 * n3)
     b.close()
     assert fake_driver.mapped == {} and fake_driver.reserved == {} and fake_driver.used == 0
     b.close()  # idempotent
+
+
+def test_virtual_backend_unmaps_single_granules_and_maps_at_an_address(fake_driver):
+    b = CudaVirtualSubAllocator(context=FakeContext())
+    p, n = b.alloc(8 * MiB)
+    b.free(p + 2 * MiB, 4 * MiB)  # the middle of a region: a hole
+    assert b.regions() == [(p, 2 * MiB), (p + 6 * MiB, 2 * MiB)]
+    assert fake_driver.used == 4 * MiB and b.bytes_held == 4 * MiB
+    assert b.alloc_at(p + 2 * MiB, 2 * MiB) == 2 * MiB
+    assert b.regions() == [(p, 4 * MiB), (p + 6 * MiB, 2 * MiB)]
+    assert p + 2 * MiB in fake_driver.accessible
+    for bad in ((p + 3 * MiB, 2 * MiB), (p + 4 * MiB, 3 * MiB)):  # misaligned
+        with pytest.raises(ValueError, match="granules"):
+            b.alloc_at(*bad)
+    with pytest.raises(ValueError, match="overlaps"):
+        b.alloc_at(p + 2 * MiB, 4 * MiB)
+    with pytest.raises(ValueError, match="reserved range"):
+        b.alloc_at(b.va_base + b.va_size, 2 * MiB)
+    with pytest.raises(ValueError, match="not mapped"):
+        b.free(p + 2 * MiB, 4 * MiB)  # half of it is the hole
+    assert b.bytes_held == 6 * MiB == fake_driver.used
+    fake_driver.total = 6 * MiB
+    assert b.alloc_at(p + 4 * MiB, 2 * MiB) is None  # cuMemCreate out of memory
+    assert b.regions() == [(p, 4 * MiB), (p + 6 * MiB, 2 * MiB)]
+    b.close()
+    assert fake_driver.mapped == {} and fake_driver.used == 0
 
 
 def test_virtual_backend_limits_and_failures(fake_driver):

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import layout as L
-from ..kernels.chunks import free_tail_start, remove_region, trim_region
+from ..kernels.chunks import (
+    free_head_end,
+    free_tail_start,
+    join_regions,
+    punch_region,
+    remove_region,
+    trim_region,
+)
 from ..policies.batch import COMPACT_POLICY
 from ..policies.compact import (
     COMPACT_STATE_SIZE,
@@ -125,6 +132,28 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
 
     def _space_of(self, base: int) -> int:
         return int(self._regions[self._row(base)]["bin"])
+
+    def _head_end(self, base: int) -> int:
+        return int(free_head_end(self._chunks, self._regions, self._row(base)))
+
+    def _space_regions(self, space: int) -> list[tuple[int, int]]:
+        regions = self._regions[(self._regions["size"] > 0) & (self._regions["bin"] == space)]
+        regions = np.sort(regions[["base", "size"]], order="base")
+        return list(zip(regions["base"].tolist(), regions["size"].tolist()))
+
+    def _punch_region(self, base: int, lo: int, hi: int, left_last_piece: int) -> None:
+        r = self._row(base)
+        while punch_region(self._chunks, self._bins, self._regions, self._state, r, lo, hi,
+                           left_last_piece) == L.NEED_ROWS:
+            self._grow_tables()
+
+    def _join_at(self, seam: int, space: int) -> None:
+        live = (self._regions["size"] > 0) & (self._regions["bin"] == space)
+        above = np.flatnonzero(live & (self._regions["base"] == seam))
+        below = np.flatnonzero(live & (self._regions["base"] + self._regions["size"] == seam))
+        if above.size and below.size:
+            join_regions(self._chunks, self._bins, self._regions, self._state,
+                         int(below[0]), int(above[0]))
 
     def _cut_region(self, base: int, new_end: int, last_piece: int) -> None:
         r = self._row(base)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import abc
 
+from sortedcontainers import SortedDict
+
 __all__ = ["SubAllocator"]
 
 
@@ -18,6 +20,11 @@ class SubAllocator(abc.ABC):
     supports_coalescing : bool
         True when consecutive regions may be adjacent in the address space and
         the allocator may treat them as one (contiguous virtual memory).
+    supports_remap : bool
+        True when the backend can also map memory at a chosen address of its
+        range (``alloc_at``) and give back any whole granules of what it
+        mapped (``free`` of part of an allocation): pages in the middle of a
+        region can go back and be mapped again elsewhere.
     host_accessible : bool
         True when addresses are real host memory this process may read and write.
     capacity : int or None
@@ -25,6 +32,7 @@ class SubAllocator(abc.ABC):
     """
 
     supports_coalescing: bool = False
+    supports_remap: bool = False
     host_accessible: bool = False
     capacity: int | None = None
 
@@ -58,8 +66,41 @@ class SubAllocator(abc.ABC):
         self.peak_bytes_held = max(self.peak_bytes_held, self.bytes_held)
         return ptr, received
 
+    def alloc_at(self, ptr: int, nbytes: int) -> int | None:
+        """Map ``nbytes`` at exactly ``ptr``, where nothing is mapped now
+        (``supports_remap`` backends only; both multiples of ``granularity``).
+
+        Returns
+        -------
+        int or None
+            The bytes mapped (``nbytes``), or None when the backend cannot
+            provide the memory.
+
+        Raises
+        ------
+        ValueError
+            The range is misaligned, outside the backend's range, or overlaps
+            mapped memory.
+        """
+        if not self.supports_remap:
+            raise NotImplementedError(f"{type(self).__name__} cannot map at a chosen address")
+        if nbytes <= 0:
+            raise ValueError(f"backend alloc size must be > 0, got {nbytes}")
+        if self.capacity is not None and self.bytes_held + nbytes > self.capacity:
+            self.num_failed_allocs += 1
+            return None
+        if not self._alloc_at(int(ptr), int(nbytes)):
+            self.num_failed_allocs += 1
+            return None
+        self.num_allocs += 1
+        self.bytes_held += nbytes
+        self.peak_bytes_held = max(self.peak_bytes_held, self.bytes_held)
+        return int(nbytes)
+
     def free(self, ptr: int, nbytes: int) -> None:
-        """Give back ``nbytes`` starting at ``ptr`` (one or more whole earlier allocations)."""
+        """Give back ``nbytes`` starting at ``ptr``: one or more whole earlier
+        allocations, or on a ``supports_remap`` backend any whole granules of
+        mapped memory."""
         self._free(int(ptr), int(nbytes))
         self.num_frees += 1
         self.bytes_held -= nbytes
@@ -73,3 +114,72 @@ class SubAllocator(abc.ABC):
 
     @abc.abstractmethod
     def _free(self, ptr: int, nbytes: int) -> None: ...
+
+    def _alloc_at(self, ptr: int, nbytes: int) -> bool:
+        raise NotImplementedError
+
+
+class _RangeMap:
+    """``start -> end`` of the ranges mapped in one reserved address range.
+
+    Adjacent ranges stay separate entries so that a backend without partial
+    frees can check that a free covers whole earlier allocations.
+    """
+
+    def __init__(self) -> None:
+        self.ranges: SortedDict = SortedDict()
+
+    def top(self, default: int) -> int:
+        """Where the highest mapped range ends (``default`` if none)."""
+        return self.ranges.peekitem(-1)[1] if self.ranges else default
+
+    def overlaps(self, ptr: int, end: int) -> bool:
+        i = self.ranges.bisect_left(end) - 1
+        return i >= 0 and self.ranges.peekitem(i)[1] > ptr
+
+    def add(self, ptr: int, end: int) -> None:
+        self.ranges[ptr] = end
+
+    def covers(self, ptr: int, end: int) -> bool:
+        """True if ``[ptr, end)`` is mapped without a gap."""
+        i = self.ranges.bisect_right(ptr) - 1
+        pos = ptr
+        if i < 0:
+            return False
+        for start in self.ranges.islice(i):
+            if start > pos or pos >= end:
+                break
+            pos = max(pos, self.ranges[start])
+        return pos >= end
+
+    def remove(self, ptr: int, end: int, partial: bool) -> None:
+        """Unmap ``[ptr, end)``: a run of whole ranges, or with ``partial``
+        any mapped span (ranges it cuts keep their outside parts).
+
+        Raises ValueError, changing nothing, when the span is not mapped so.
+        """
+        if partial:
+            if not self.covers(ptr, end):
+                raise ValueError(f"free({ptr:#x}, {end - ptr}): not inside mapped memory")
+            i = self.ranges.bisect_right(ptr) - 1
+            for start in list(self.ranges.islice(i)):
+                stop = self.ranges[start]
+                if start >= end:
+                    break
+                del self.ranges[start]
+                if start < ptr:
+                    self.ranges[start] = ptr
+                if stop > end:
+                    self.ranges[end] = stop
+            return
+        pos, run = ptr, []
+        while pos < end:
+            if pos not in self.ranges:
+                raise ValueError(
+                    f"free({ptr:#x}, {end - ptr}): {pos:#x} is not the start of a mapped range")
+            run.append(pos)
+            pos = self.ranges[pos]
+        if pos != end:
+            raise ValueError(f"free({ptr:#x}, {end - ptr}): size does not match mapped ranges")
+        for start in run:
+            del self.ranges[start]

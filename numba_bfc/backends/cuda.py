@@ -238,12 +238,16 @@ class CudaVirtualSubAllocator(_CudaBackend):
     """Regions mapped into one reserved virtual address range, so they coalesce.
 
     ``cuMemAddressReserve`` reserves ``va_size`` bytes of address space once;
-    each ``alloc`` creates physical memory (``cuMemCreate``), maps it at the
-    lowest free place in the range (``cuMemMap``) and makes it accessible
-    (``cuMemSetAccess``). Regions allocated one after another are adjacent, so
-    ``supports_coalescing`` is True and BFC merges them into one: a large
-    request can use the tail of one region and the head of the next, which
-    separate ``cuMemAlloc`` regions never allow.
+    each ``alloc`` creates physical memory (``cuMemCreate``, one allocation
+    per granule), maps it at the lowest free place in the range (``cuMemMap``)
+    and makes it accessible (``cuMemSetAccess``). Regions allocated one after
+    another are adjacent, so ``supports_coalescing`` is True and BFC merges
+    them into one: a large request can use the tail of one region and the
+    head of the next, which separate ``cuMemAlloc`` regions never allow.
+    Because every granule is its own physical allocation, ``supports_remap``
+    is True: ``free`` can unmap single granules from the middle of a region
+    and ``alloc_at`` maps new ones at a chosen free address (the compact
+    policy's defragmenting retry).
 
     Parameters
     ----------
@@ -252,8 +256,9 @@ class CudaVirtualSubAllocator(_CudaBackend):
     context : numba.cuda.cudadrv.driver.Context, optional
         The Numba context to allocate in (overrides ``device``).
     va_size : int, optional
-        Bytes of address space to reserve; default: the device's total memory
-        rounded up to the granularity (the pool can never hold more).
+        Bytes of address space to reserve; default: twice the device's total
+        memory, rounded up to the granularity (the pool never holds more than
+        the memory; the rest is room for pages remapped past holes).
     granularity : int, optional
         Region size multiple; default: the driver's recommended granularity
         (``cuMemGetAllocationGranularity``, typically 2 MiB).
@@ -273,6 +278,7 @@ class CudaVirtualSubAllocator(_CudaBackend):
     """
 
     supports_coalescing = True
+    supports_remap = True
     ipc_capable = False
 
     def __init__(self, device: int | None = None, context: Any = None,
@@ -304,7 +310,7 @@ class CudaVirtualSubAllocator(_CudaBackend):
             raise ValueError(f"granularity must be a positive multiple of 256, got {granularity}")
         self.granularity = int(granularity)
         if va_size is None:
-            va_size = self.capacity
+            va_size = 2 * self.capacity
         self.va_size = _align_up(int(va_size), self.granularity)
         with self._current():
             self.va_base = int(self._call("cuMemAddressReserve", self.va_size,
@@ -330,56 +336,79 @@ class CudaVirtualSubAllocator(_CudaBackend):
             raise RuntimeError("CudaVirtualSubAllocator is closed")
         size = _align_up(nbytes, self.granularity)
         addr = self._find_gap(size, max(alignment, self.granularity))
-        if addr is None:
+        if addr is None or not self._map(addr, size):
             return None
-        CudaAPIError = self._drvmod.CudaAPIError
-        with self._current():
-            try:
-                handle = self._call("cuMemCreate", size, self._prop, 0)
-            except CudaAPIError as e:
-                if self._is_oom(e):
-                    return None
-                raise
-            try:
-                self._call("cuMemMap", addr, size, 0, handle, 0)
-            except BaseException as e:
-                self._call("cuMemRelease", handle)
-                if isinstance(e, CudaAPIError) and self._is_oom(e):
-                    return None
-                raise
-            try:
-                self._call("cuMemSetAccess", addr, size, [self._access], 1)
-            except BaseException:
-                self._call("cuMemUnmap", addr, size)
-                self._call("cuMemRelease", handle)
-                raise
-        self._pieces[addr] = (size, handle)
         return addr, size
 
+    def _alloc_at(self, ptr: int, nbytes: int) -> bool:
+        if self._closed:
+            raise RuntimeError("CudaVirtualSubAllocator is closed")
+        g = self.granularity
+        if (ptr % g or nbytes % g or ptr < self.va_base
+                or ptr + nbytes > self.va_base + self.va_size):
+            raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): outside the reserved range or "
+                             f"not whole granules of {g} bytes")
+        i = self._pieces.bisect_left(ptr + nbytes) - 1
+        if i >= 0 and self._pieces.peekitem(i)[0] + g > ptr:  # granules: one per piece
+            raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): overlaps mapped memory")
+        return self._map(ptr, nbytes)
+
+    def _map(self, addr: int, size: int) -> bool:
+        """Back ``[addr, addr+size)`` with one physical allocation per granule,
+        so that any granule can later be unmapped alone (``supports_remap``);
+        False, with nothing mapped, when the device is out of memory."""
+        CudaAPIError = self._drvmod.CudaAPIError
+        g = self.granularity
+        mapped: list[tuple[int, Any]] = []
+        with self._current():
+            try:
+                for start in range(addr, addr + size, g):
+                    handle = self._call("cuMemCreate", g, self._prop, 0)
+                    try:
+                        self._call("cuMemMap", start, g, 0, handle, 0)
+                    except BaseException:
+                        self._call("cuMemRelease", handle)
+                        raise
+                    mapped.append((start, handle))
+                self._call("cuMemSetAccess", addr, size, [self._access], 1)
+            except BaseException as e:
+                for start, handle in mapped:
+                    self._call("cuMemUnmap", start, g)
+                    self._call("cuMemRelease", handle)
+                if isinstance(e, CudaAPIError) and self._is_oom(e):
+                    return False
+                raise
+        for start, handle in mapped:
+            self._pieces[start] = (g, handle)
+        return True
+
     def _free(self, ptr: int, nbytes: int) -> None:
-        # A coalescing allocator frees merged regions: the range must be exactly
-        # a run of adjacent mapped pieces.
-        end = ptr + nbytes
-        pos, run = ptr, []
-        while pos < end:
-            piece = self._pieces.get(pos)
-            if piece is None:
-                raise ValueError(
-                    f"free({ptr:#x}, {nbytes}): {pos:#x} is not the start of a mapped region")
-            run.append(pos)
-            pos += piece[0]
-        if pos != end:
-            raise ValueError(f"free({ptr:#x}, {nbytes}): size does not match mapped regions")
+        # Any run of mapped granules: a coalescing allocator frees merged
+        # regions, and a remapping one single pages out of a region.
+        g = self.granularity
+        if ptr % g or nbytes % g:
+            raise ValueError(f"free({ptr:#x}, {nbytes}): not whole granules of {g} bytes")
+        run = list(range(ptr, ptr + nbytes, g))
+        missing = next((pos for pos in run if pos not in self._pieces), None)
+        if missing is not None:
+            raise ValueError(f"free({ptr:#x}, {nbytes}): {missing:#x} is not mapped")
         with self._current():
             self._call("cuCtxSynchronize")
             for start in run:
-                size, handle = self._pieces.pop(start)
-                self._call("cuMemUnmap", start, size)
+                _size, handle = self._pieces.pop(start)
+                self._call("cuMemUnmap", start, g)
                 self._call("cuMemRelease", handle)
 
     def regions(self) -> list[tuple[int, int]]:
-        """``[(ptr, size), ...]`` of the mapped pieces, in address order."""
-        return [(s, n) for s, (n, _h) in self._pieces.items()]
+        """``[(ptr, size), ...]`` of the mapped ranges (adjacent granules
+        merged), in address order."""
+        out: list[tuple[int, int]] = []
+        for start, (size, _h) in self._pieces.items():
+            if out and out[-1][0] + out[-1][1] == start:
+                out[-1] = (out[-1][0], out[-1][1] + size)
+            else:
+                out.append((start, size))
+        return out
 
     def close(self) -> None:
         """Unmap every piece still mapped and give the address range back."""

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from sortedcontainers import SortedDict
 
-from .base import SubAllocator
+from .base import SubAllocator, _RangeMap
 
 __all__ = ["HostSubAllocator"]
 
@@ -26,8 +25,10 @@ class HostSubAllocator(SubAllocator):
     contiguous : bool
         If True, regions are carved one after another out of one buffer of
         ``capacity`` bytes (required), like pages mapped into a reserved CUDA
-        virtual range: a region starts where the highest live one ends, and
-        ``supports_coalescing`` is True. The buffer is allocated, not touched,
+        virtual range: a region starts where the highest live one ends;
+        ``supports_coalescing`` and ``supports_remap`` are True (``alloc_at``
+        maps at a chosen free address of the buffer, ``free`` may give back
+        part of an allocation). The buffer is allocated, not touched,
         up front, so untouched pages cost the machine nothing.
 
     Notes
@@ -48,24 +49,23 @@ class HostSubAllocator(SubAllocator):
         self.capacity = capacity
         self._buffers: dict[int, tuple[np.ndarray, int]] = {}
         self.contiguous = bool(contiguous)
-        self.supports_coalescing = self.contiguous
+        self.supports_coalescing = self.supports_remap = self.contiguous
         if self.contiguous:
             if not capacity:
                 raise ValueError("a contiguous HostSubAllocator needs a capacity > 0")
             # 2 MiB of slack so the arena itself can start page-aligned.
             self._arena = np.empty(capacity + (2 << 20), dtype=np.uint8)
             self._arena_base = _align_up(self._arena.ctypes.data, 2 << 20)
-            self._pieces: SortedDict = SortedDict()  # start -> end
+            self._pieces = _RangeMap()
 
     def _alloc(self, nbytes: int, alignment: int) -> tuple[int, int] | None:
         if self.capacity is not None and self.bytes_held + nbytes > self.capacity:
             return None
         if self.contiguous:
-            top = self._pieces.peekitem(-1)[1] if self._pieces else self._arena_base
-            ptr = _align_up(top, alignment)
+            ptr = _align_up(self._pieces.top(self._arena_base), alignment)
             if ptr + nbytes > self._arena_base + self.capacity:
                 return None
-            self._pieces[ptr] = ptr + nbytes
+            self._pieces.add(ptr, ptr + nbytes)
             return ptr, nbytes
         try:
             raw = np.empty(nbytes + alignment, dtype=np.uint8)
@@ -77,17 +77,17 @@ class HostSubAllocator(SubAllocator):
         self._buffers[ptr] = (raw, nbytes)
         return ptr, nbytes
 
+    def _alloc_at(self, ptr: int, nbytes: int) -> bool:
+        if ptr < self._arena_base or ptr + nbytes > self._arena_base + self.capacity:
+            raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): outside the buffer")
+        if self._pieces.overlaps(ptr, ptr + nbytes):
+            raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): overlaps mapped memory")
+        self._pieces.add(ptr, ptr + nbytes)
+        return True
+
     def _free(self, ptr: int, nbytes: int) -> None:
         if self.contiguous:
-            # A run of adjacent pieces, as a coalescing allocator frees them.
-            pos, run = ptr, []
-            while pos < ptr + nbytes and pos in self._pieces:
-                run.append(pos)
-                pos = self._pieces[pos]
-            if not run or pos != ptr + nbytes:
-                raise ValueError(f"free({ptr:#x}, {nbytes}): not a run of regions of this backend")
-            for start in run:
-                del self._pieces[start]
+            self._pieces.remove(ptr, ptr + nbytes, partial=True)
             return
         entry = self._buffers.get(ptr)
         if entry is None or entry[1] != nbytes:
@@ -98,14 +98,7 @@ class HostSubAllocator(SubAllocator):
         """A writable ``uint8`` view of ``nbytes`` at ``ptr`` inside live memory
         (one region, or adjacent regions of a contiguous backend)."""
         if self.contiguous:
-            pos = ptr
-            i = self._pieces.bisect_right(ptr) - 1
-            if i >= 0:
-                for start, end in self._pieces.items()[i:]:
-                    if start > pos or pos >= ptr + nbytes:
-                        break
-                    pos = end
-            if pos < ptr + nbytes or i < 0:
+            if not self._pieces.covers(ptr, ptr + nbytes):
                 raise ValueError(f"[{ptr:#x}, +{nbytes}) is not inside live regions")
             start = ptr - self._arena.ctypes.data
             return self._arena[start : start + nbytes]

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sortedcontainers import SortedDict
-
-from .base import SubAllocator
+from .base import SubAllocator, _RangeMap
 
 __all__ = ["VirtualSubAllocator"]
 
@@ -31,8 +29,10 @@ class VirtualSubAllocator(SubAllocator):
         Most bytes held at once; further ``alloc`` calls fail (return None).
     contiguous : bool
         If True, each region starts where the highest live one ends, like pages
-        mapped into one reserved CUDA virtual range, and ``supports_coalescing``
-        is True. If False, regions are separated by a guard gap.
+        mapped into one reserved CUDA virtual range; ``supports_coalescing``
+        and ``supports_remap`` are True (``alloc_at`` maps at a chosen free
+        address, ``free`` may give back any whole granules). If False, regions
+        are separated by a guard gap.
     granularity : int
         Granted sizes are rounded up to a multiple of this (e.g. 2 MiB, as
         ``cuMemGetAllocationGranularity`` would impose).
@@ -64,13 +64,11 @@ class VirtualSubAllocator(SubAllocator):
             raise ValueError(f"granularity must be > 0, got {granularity}")
         self.capacity = capacity
         self.contiguous = bool(contiguous)
-        self.supports_coalescing = self.contiguous
+        self.supports_coalescing = self.supports_remap = self.contiguous
         self.granularity = int(granularity)
         self.fail_if = fail_if
         self._fail_next = 0
-        # start -> end of every mapped range (adjacent ranges kept separate so a
-        # free of a union of them can be checked piece by piece).
-        self._mapped: SortedDict = SortedDict()
+        self._mapped = _RangeMap()
         self._base = int(base)
         self._top = self._base
 
@@ -91,29 +89,33 @@ class VirtualSubAllocator(SubAllocator):
             ptr = _align_up(self._top, alignment)
         else:
             ptr = _align_up(self._top + _GUARD, max(alignment, _GUARD))
-        self._mapped[ptr] = ptr + received
+        self._mapped.add(ptr, ptr + received)
         self._top = ptr + received
         return ptr, received
 
+    def _alloc_at(self, ptr: int, nbytes: int) -> bool:
+        if ptr < self._base or ptr % self.granularity or nbytes % self.granularity:
+            raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): outside the range or not a "
+                             f"multiple of the granularity {self.granularity}")
+        if self._mapped.overlaps(ptr, ptr + nbytes):
+            raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): overlaps mapped memory")
+        if self._fail_next > 0:
+            self._fail_next -= 1
+            return False
+        if self.fail_if is not None and self.fail_if(nbytes):
+            return False
+        self._mapped.add(ptr, ptr + nbytes)
+        self._top = max(self._top, ptr + nbytes)
+        return True
+
     def _free(self, ptr: int, nbytes: int) -> None:
-        # The range must be exactly a run of adjacent mapped ranges.
-        end = ptr + nbytes
-        pos = ptr
-        pieces = []
-        while pos < end:
-            if pos not in self._mapped:
-                raise ValueError(
-                    f"free({ptr:#x}, {nbytes}): {pos:#x} is not the start of a mapped range"
-                )
-            pieces.append(pos)
-            pos = self._mapped[pos]
-        if pos != end:
-            raise ValueError(f"free({ptr:#x}, {nbytes}): size does not match mapped ranges")
-        for p in pieces:
-            del self._mapped[p]
+        if self.contiguous and (ptr % self.granularity or nbytes % self.granularity):
+            raise ValueError(f"free({ptr:#x}, {nbytes}): not whole granules of "
+                             f"{self.granularity} bytes")
+        self._mapped.remove(ptr, ptr + nbytes, partial=self.contiguous)
         # Let a contiguous space shrink back, as unmapping the tail of a VMM range does.
-        self._top = self._mapped.peekitem(-1)[1] if self._mapped else self._base
+        self._top = self._mapped.top(self._base)
 
     def mapped_ranges(self) -> list[tuple[int, int]]:
         """``[(start, size), ...]`` of every live range, in address order."""
-        return [(s, e - s) for s, e in self._mapped.items()]
+        return [(s, e - s) for s, e in self._mapped.ranges.items()]

@@ -53,11 +53,10 @@ if not hasattr(cuda, "HostOnlyCUDAMemoryManager"):
 from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, IpcHandle, MemoryInfo
 from numba.cuda.cudadrv import driver as _drv
 from numba.cuda.cudadrv.driver import CudaAPIError, MemoryPointer
-from sortedcontainers import SortedDict
 
 from .._config import conf_from_env, parse_str
 from ..allocators import BFCAllocator
-from ..backends.base import SubAllocator
+from ..backends.base import SubAllocator, _RangeMap
 from ..errors import InvalidPointerError, OutOfMemoryError
 
 __all__ = [
@@ -178,11 +177,12 @@ class _TrackedBackend(SubAllocator):
         super().__init__()
         self.inner = inner
         self.supports_coalescing = bool(inner.supports_coalescing)
+        self.supports_remap = bool(getattr(inner, "supports_remap", False))
         self.host_accessible = bool(inner.host_accessible)
         self.capacity = inner.capacity
         if getattr(inner, "granularity", None):
             self.granularity = inner.granularity  # the compact policy's page size
-        self._granted: SortedDict = SortedDict()
+        self._granted = _RangeMap()
 
     def total_memory(self) -> int | None:
         return self.inner.total_memory()
@@ -190,22 +190,28 @@ class _TrackedBackend(SubAllocator):
     def _alloc(self, nbytes: int, alignment: int) -> tuple[int, int] | None:
         got = self.inner.alloc(nbytes, alignment)
         if got is not None:
-            self._granted[got[0]] = got[1]
+            self._granted.add(got[0], got[0] + got[1])
         return got
+
+    def _alloc_at(self, ptr: int, nbytes: int) -> bool:
+        if self.inner.alloc_at(ptr, nbytes) is None:
+            return False
+        self._granted.add(ptr, ptr + nbytes)
+        return True
 
     def _free(self, ptr: int, nbytes: int) -> None:
         self.inner.free(ptr, nbytes)
-        # A coalescing allocator frees several granted regions in one call.
-        for start in list(self._granted.irange(ptr, ptr + nbytes - 1)):
-            del self._granted[start]
+        # A coalescing allocator frees several granted regions in one call, a
+        # remapping one part of a region.
+        self._granted.remove(ptr, ptr + nbytes, partial=True)
 
     def release_all(self) -> int:
         """Free every region still granted; returns the bytes freed."""
         total = 0
-        while self._granted:
-            start, size = self._granted.peekitem(0)
-            self.free(start, size)
-            total += size
+        while self._granted.ranges:
+            start, end = self._granted.ranges.peekitem(0)
+            self.free(start, end - start)
+            total += end - start
         return total
 
 

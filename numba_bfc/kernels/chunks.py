@@ -387,3 +387,107 @@ def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, 
         else:
             _queue_push(tsq, state, h, merge_g[k])
     return satisfied
+
+
+@njit(cache=True)
+def _split_region_before(chunks, regions, state, r, h, r2, last_piece):
+    """Move chunk ``h`` (not region ``r``'s first) and every chunk after it
+    into the empty region row ``r2``."""
+    base2 = chunks[h]["ptr"]
+    end = regions[r]["base"] + regions[r]["size"]
+    prv = chunks[h]["prev"]
+    chunks[prv]["next"] = NO_HANDLE
+    chunks[h]["prev"] = NO_HANDLE
+    regions[r2]["base"] = base2
+    regions[r2]["size"] = end - base2
+    regions[r2]["first"] = h
+    regions[r2]["last"] = regions[r]["last"]
+    regions[r2]["bin"] = regions[r]["bin"]
+    regions[r2]["last_piece"] = max(last_piece, base2)
+    regions[r]["size"] = base2 - regions[r]["base"]
+    regions[r]["last"] = prv
+    state[S_NUM_REGIONS] += 1
+    while h != NO_HANDLE:
+        chunks[h]["region"] = r2
+        h = chunks[h]["next"]
+
+
+@njit(cache=True)
+def punch_region(chunks, bins, regions, state, r, lo, hi, left_last_piece):
+    """Give ``[lo, hi)`` of region ``r`` back: it lies inside one free,
+    binned chunk. What lies below ``lo`` stays region ``r`` (its newest piece
+    becomes ``left_last_piece``); what lies above ``hi`` becomes a region of
+    its own. Returns ``hi - lo``, or ``NEED_ROWS`` (nothing changed) when a
+    table is full."""
+    r2 = -1
+    if hi < regions[r]["base"] + regions[r]["size"]:
+        for i in range(regions.shape[0]):
+            if regions[i]["size"] == 0:
+                r2 = i
+                break
+        if r2 < 0:
+            return NEED_ROWS
+    if state[S_FREE_ROWS] < 2:
+        return NEED_ROWS
+    h = regions[r]["first"]
+    while chunks[h]["ptr"] + chunks[h]["size"] <= lo:
+        h = chunks[h]["next"]
+    remove_free(chunks, bins, h)
+    if chunks[h]["ptr"] < lo:
+        m = split_chunk(chunks, bins, regions, state, h, lo - chunks[h]["ptr"], False)
+        insert_free(chunks, bins, regions, state, h)
+        h = m
+    if chunks[h]["ptr"] + chunks[h]["size"] > hi:
+        split_chunk(chunks, bins, regions, state, h, hi - lo, True)
+    if r2 >= 0:
+        _split_region_before(chunks, regions, state, r, chunks[h]["next"], r2,
+                             regions[r]["last_piece"])
+    # ``h`` is now exactly [lo, hi) and region ``r``'s last chunk.
+    if h == regions[r]["first"]:
+        remove_region(chunks, bins, regions, state, r)
+    else:
+        prv = chunks[h]["prev"]
+        chunks[prv]["next"] = NO_HANDLE
+        regions[r]["last"] = prv
+        release_row(chunks, state, h)
+        regions[r]["size"] -= hi - lo
+        regions[r]["last_piece"] = left_last_piece
+        state[S_POOL_BYTES] -= hi - lo
+    return hi - lo
+
+
+@njit(cache=True)
+def join_regions(chunks, bins, regions, state, ra, rb):
+    """Append region ``rb``, which starts where ``ra`` ends, to ``ra``; the
+    free chunks that meet at the seam merge. Frees row ``rb``."""
+    h = regions[rb]["first"]
+    last = regions[ra]["last"]
+    chunks[last]["next"] = h
+    chunks[h]["prev"] = last
+    c = h
+    while c != NO_HANDLE:
+        chunks[c]["region"] = ra
+        c = chunks[c]["next"]
+    regions[ra]["size"] += regions[rb]["size"]
+    regions[ra]["last"] = regions[rb]["last"]
+    regions[ra]["last_piece"] = regions[rb]["last_piece"]
+    regions[rb]["size"] = 0
+    regions[rb]["first"] = NO_HANDLE
+    regions[rb]["last"] = NO_HANDLE
+    regions[rb]["bin"] = NO_HANDLE
+    state[S_NUM_REGIONS] -= 1
+    if chunks[h]["allocation_id"] == -1 and chunks[h]["bin"] != NO_HANDLE:
+        remove_free(chunks, bins, h)
+        insert_free(chunks, bins, regions, state, try_to_coalesce(chunks, bins, regions,
+                                                                  state, h, False))
+
+
+@njit(cache=True)
+def free_head_end(chunks, regions, r):
+    """Where region ``r``'s first chunk ends if it is free, binned and not
+    waiting on a timing count, else the region's base."""
+    h = regions[r]["first"]
+    if (chunks[h]["allocation_id"] != -1 or chunks[h]["bin"] == NO_HANDLE
+            or chunks[h]["freed_at_count"] != 0):
+        return regions[r]["base"]
+    return chunks[h]["ptr"] + chunks[h]["size"]

@@ -9,7 +9,7 @@ table rows.
 from __future__ import annotations
 
 from ..allocators._compact_base import CompactGrowth
-from .bfc import ReferenceBFCAllocator
+from .bfc import ReferenceBFCAllocator, _Region
 
 __all__ = ["ReferenceCompactAllocator"]
 
@@ -55,6 +55,60 @@ class ReferenceCompactAllocator(CompactGrowth, ReferenceBFCAllocator):
 
     def _space_of(self, base: int) -> int:
         return self._region_map[base].pool
+
+    def _head_end(self, base: int) -> int:
+        c = self._region_map[base].first
+        return c.ptr + c.size if self._releasable(c) else base
+
+    def _space_regions(self, space: int) -> list[tuple[int, int]]:
+        return [(b, r.size) for b, r in self._region_map.items() if r.pool == space]
+
+    def _punch_region(self, base: int, lo: int, hi: int, left_last_piece: int) -> None:
+        region = self._region_map[base]
+        end = base + region.size
+        c = region.first
+        while c.ptr + c.size <= lo:
+            c = c.next
+        self._remove(c)
+        if c.ptr < lo:
+            m = self._split(c, lo - c.ptr, False)
+            self._insert(c)
+            c = m
+        if c.ptr + c.size > hi:
+            self._split(c, hi - lo, True)
+        if hi < end:  # what lies above the hole becomes a region of its own
+            upper = _Region(hi, end - hi, region.pool)
+            upper.first, c.next.prev, c.next = c.next, None, None
+            for d in upper.chunks():
+                d.region = upper
+            region.size = hi - base
+            self._region_map[hi] = upper
+        c.alive = False
+        if c is region.first:
+            del self._region_map[base]
+        else:
+            c.prev.next = None
+            region.size -= hi - lo
+        self._c["pool_bytes"] -= hi - lo
+
+    def _join_at(self, seam: int, space: int) -> None:
+        upper = self._region_map.get(seam)
+        i = self._region_map.bisect_left(seam)
+        if upper is None or upper.pool != space or i == 0:
+            return
+        lower = self._region_map.peekitem(i - 1)[1]
+        if lower.base + lower.size != seam or lower.pool != space:
+            return
+        del self._region_map[seam]
+        last = self._last_chunk(lower.base)
+        first = upper.first
+        last.next, first.prev = first, last
+        for d in upper.chunks():
+            d.region = lower
+        lower.size += upper.size
+        if not first.in_use and first.bin != -1:
+            self._remove(first)
+            self._insert(self._coalesce(first, False))
 
     def _cut_region(self, base: int, new_end: int, last_piece: int) -> None:
         if new_end == base:
