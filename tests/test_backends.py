@@ -1,8 +1,9 @@
-"""The simulated backend: capacity, contiguity, granularity, failure injection."""
+"""The simulated and host backends: capacity, contiguity, granularity, failure
+injection, and remapping (partial frees, ``alloc_at``)."""
 
 import pytest
 
-from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.backends import HostSubAllocator, VirtualSubAllocator
 
 
 def test_non_contiguous_regions_are_never_adjacent():
@@ -35,3 +36,74 @@ def test_capacity_and_failure_injection():
         b.alloc(0)
     with pytest.raises(ValueError):
         b.alloc(256, 3)
+
+
+PAGE = 64 << 10
+
+
+def _contiguous(kind):
+    if kind == "virtual":
+        return VirtualSubAllocator(contiguous=True, granularity=PAGE)
+    return HostSubAllocator(64 * PAGE, contiguous=True)
+
+
+@pytest.mark.parametrize("kind", ["virtual", "host"])
+def test_contiguous_backends_unmap_part_of_a_range_and_map_at_an_address(kind):
+    b = _contiguous(kind)
+    assert b.supports_coalescing and b.supports_remap
+    p, n = b.alloc(4 * PAGE, 256)
+    b.free(p + PAGE, 2 * PAGE)  # the middle of an allocation: a hole
+    assert b.mapped_ranges() == [(p, PAGE), (p + 3 * PAGE, PAGE)]
+    assert b.bytes_held == 2 * PAGE and b.num_frees == 1
+    assert b.alloc_at(p + PAGE, PAGE) == PAGE
+    assert b.mapped_ranges() == [(p, PAGE), (p + PAGE, PAGE), (p + 3 * PAGE, PAGE)]
+    assert b.bytes_held == 3 * PAGE and b.num_allocs == 2
+    before = (b.mapped_ranges(), b.bytes_held, b.num_allocs, b.num_frees)
+    for bad in [(p + 2 * PAGE, 2 * PAGE), (p, PAGE)]:  # overlaps mapped memory
+        with pytest.raises(ValueError, match="overlaps"):
+            b.alloc_at(*bad)
+    with pytest.raises(ValueError, match="mapped"):
+        b.free(p + PAGE, 2 * PAGE)  # half of it is the hole
+    assert (b.mapped_ranges(), b.bytes_held, b.num_allocs, b.num_frees) == before
+    # A new allocation still goes on top, past the hole.
+    assert b.alloc(PAGE, 256)[0] == p + 4 * PAGE
+
+
+def test_virtual_alloc_at_checks_granules_range_capacity_and_failures():
+    b = VirtualSubAllocator(contiguous=True, granularity=PAGE, capacity=4 * PAGE)
+    p, _ = b.alloc(PAGE, 256)
+    with pytest.raises(ValueError, match="granularity"):
+        b.alloc_at(p + PAGE + 256, PAGE)
+    with pytest.raises(ValueError, match="granularity"):
+        b.alloc_at(p - PAGE, PAGE)  # below the range
+    with pytest.raises(ValueError, match="granules"):
+        b.free(p, PAGE // 2)
+    assert b.alloc_at(p + 2 * PAGE, 4 * PAGE) is None  # past the capacity
+    b.fail_next()
+    assert b.alloc_at(p + 2 * PAGE, PAGE) is None
+    assert b.num_failed_allocs == 2 and b.bytes_held == PAGE
+    assert b.alloc_at(p + 2 * PAGE, PAGE) == PAGE
+
+
+def test_host_remapped_pages_keep_the_data_around_them():
+    b = HostSubAllocator(8 * PAGE, contiguous=True)
+    p, _ = b.alloc(4 * PAGE, 256)
+    b.view(p, 4 * PAGE)[:] = 7
+    b.free(p + PAGE, 2 * PAGE)
+    with pytest.raises(ValueError, match="live"):
+        b.view(p, 2 * PAGE)
+    assert b.alloc_at(p + PAGE, 2 * PAGE) == 2 * PAGE
+    assert (b.view(p, PAGE) == 7).all() and (b.view(p + 3 * PAGE, PAGE) == 7).all()
+    with pytest.raises(ValueError, match="outside"):
+        b.alloc_at(p + 8 * PAGE, PAGE)
+
+
+def test_backends_that_cannot_remap_say_so():
+    for b in (VirtualSubAllocator(), HostSubAllocator(1 << 20)):
+        assert not b.supports_remap
+        with pytest.raises(NotImplementedError, match="chosen address"):
+            b.alloc_at(1 << 40, PAGE)
+    b = VirtualSubAllocator()
+    p, n = b.alloc(2 * PAGE, 256)
+    with pytest.raises(ValueError):
+        b.free(p, PAGE)  # part of a region: only whole allocations go back

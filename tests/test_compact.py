@@ -279,6 +279,64 @@ def test_the_defragmenting_retry_serves_what_would_have_run_out(cls):
     check_invariants(a)
 
 
+@pytest.mark.parametrize("cls", [CompactAllocator, ReferenceCompactAllocator])
+def test_growth_takes_headroom_within_the_limit(cls):
+    """At least min(8 pages, pool / 8), never past the limit, never more than asked
+    on a first growth (an empty pool has no headroom)."""
+    a = make(cls, limit=100 * PAGE, threshold=0)
+
+    def reserved_after(pages):
+        a.allocate_raw(pages * PAGE)
+        return a.get_stats().bytes_reserved // PAGE
+
+    assert reserved_after(40) == 40
+    assert reserved_after(1) == 45  # pool / 8 = 5 pages
+    assert reserved_after(5) == 50  # 1 page lacking, 5 of headroom
+    assert reserved_after(40) == 86  # 36 pages lacking: more than the headroom
+    assert reserved_after(1) == 94  # 8 pages (less than pool / 8)
+    assert reserved_after(8) == 100  # 1 page lacking, headroom cut to the limit
+    before = (a.get_stats(), a.regions(), a.backend.num_frees)
+    with pytest.raises(OutOfMemoryError):
+        a.allocate_raw(6 * PAGE)  # 5 pages free at the top, 6 asked: nothing can help
+    assert (a.get_stats(), a.regions(), a.backend.num_frees) == before
+    check_invariants(a)
+
+
+def test_patterns_survive_remapping_churn_on_host_memory():
+    """A tight limit on real memory: pages go back from the middle of the space and
+    are mapped again elsewhere while live data sits around them."""
+    backend = HostSubAllocator(256 * PAGE, contiguous=True)
+    a = CompactAllocator(backend, memory_limit=40 * PAGE, page_size=PAGE, release_threshold=0)
+    rng = np.random.default_rng(11)
+    live, ooms = {}, 0
+    for step in range(4000):
+        if live and (rng.random() < 0.5 or len(live) > 60):
+            p = list(live)[rng.integers(len(live))]
+            n, tag = live.pop(p)
+            assert np.all(backend.view(p, n) == tag), f"step {step}: allocation {p:#x} changed"
+            a.deallocate_raw(p)
+        else:
+            n = int(rng.integers(1, 3 * PAGE))
+            try:
+                p = a.allocate_raw(n)
+            except OutOfMemoryError:
+                ooms += 1
+                continue
+            tag = step % 251
+            backend.view(p, n)[:] = tag
+            live[p] = (n, tag)
+        if step % 400 == 0:
+            check_invariants(a)
+    assert a._punched and ooms > 0
+    assert backend.num_allocs > len(a.regions())  # pages were mapped again
+    for p, (n, tag) in live.items():
+        assert np.all(backend.view(p, n) == tag)
+    spans = sorted((p, p + n) for p, (n, _) in live.items())
+    assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:])), "allocations overlap"
+    assert backend.bytes_held == a.get_stats().bytes_reserved <= 40 * PAGE
+    check_invariants(a)
+
+
 remap_sizes = st.one_of(st.integers(1, 2 * KiB), st.integers(1, 12 * KiB),
                         st.sampled_from([4 * KiB, 8 * KiB, 6 * KiB]))
 remap_alloc = st.tuples(st.just("alloc"), remap_sizes, st.sampled_from([256, 256, 1024, 4096]))

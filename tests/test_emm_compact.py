@@ -143,3 +143,19 @@ def test_reset_releases_the_small_space_even_if_the_large_one_fails():
         mgr.reset()
     assert made[1].bytes_held == 0 and made[0].bytes_held > 0
     del keep
+
+
+def test_pages_unmapped_from_the_middle_are_tracked_and_reset_frees_the_rest():
+    mgr, made = make_manager()
+    a, b, c = (mgr.memalloc(2 * MiB) for _ in range(3))
+    base = addr(a)
+    del b
+    assert mgr.allocator.empty_cache() == 2 * MiB  # a hole between a and c
+    assert made[0].mapped_ranges() == [(base, 2 * MiB), (base + 4 * MiB, 2 * MiB)]
+    check_invariants(mgr.allocator)
+    again = mgr.memalloc(2 * MiB)  # the hole costs no more pages than the top
+    assert addr(again) == base + 2 * MiB
+    assert mgr.allocator.regions() == [(base, 6 * MiB)]
+    mgr.reset()
+    assert [x.bytes_held for x in made] == [0, 0] and made[0].mapped_ranges() == []
+    del a, c, again

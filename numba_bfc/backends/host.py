@@ -94,6 +94,12 @@ class HostSubAllocator(SubAllocator):
             raise ValueError(f"free({ptr:#x}, {nbytes}): not a region of this backend")
         del self._buffers[ptr]
 
+    def mapped_ranges(self) -> list[tuple[int, int]]:
+        """``[(start, size), ...]`` of every live range, in address order."""
+        if self.contiguous:
+            return [(s, e - s) for s, e in self._pieces.ranges.items()]
+        return sorted((p, n) for p, (_raw, n) in self._buffers.items())
+
     def view(self, ptr: int, nbytes: int) -> np.ndarray:
         """A writable ``uint8`` view of ``nbytes`` at ``ptr`` inside live memory
         (one region, or adjacent regions of a contiguous backend)."""
