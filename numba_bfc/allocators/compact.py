@@ -40,18 +40,22 @@ _TOP_REGION_TAIL = Kernel(top_region_tail)
 class CompactAllocator(CompactGrowth, BFCAllocator):
     """Best fit with coalescing, tuned for the smallest memory footprint.
 
-    BFC's kernels and out-of-memory path with four changes (see README,
+    BFC's kernels and out-of-memory path with five changes (see README,
     "The compact policy"): a chunk is always split down to the rounded
     request; requests below ``small_size`` have a space (backend) of their
-    own; a space grows by the pages a request is short of, as one contiguous
-    range on a coalescing backend; whole free backend pieces at the end of a
-    space go back once ``release_threshold`` bytes there are free.
+    own; a space grows by the pages a request is short of (at least
+    min(8 pages, pool / 8) within the limit), as one contiguous range on a
+    coalescing backend; whole free backend pieces at the end of a space go
+    back once ``release_threshold`` bytes there are free; on a backend that
+    remaps, ``empty_cache()`` and the out-of-memory path give every whole
+    free page back, from the middle of a space too, and growth maps pages
+    into such holes where that costs the fewest (the defragmenting retry).
 
     Parameters
     ----------
     backend : SubAllocator
-        Best with ``supports_coalescing`` (``CudaVirtualSubAllocator``,
-        ``VirtualSubAllocator(contiguous=True)``,
+        Best with ``supports_coalescing`` and ``supports_remap``
+        (``CudaVirtualSubAllocator``, ``VirtualSubAllocator(contiguous=True)``,
         ``HostSubAllocator(contiguous=True)``); on other backends every growth
         is a separate region.
     memory_limit : int or str, optional

@@ -166,6 +166,15 @@ def try_to_coalesce(chunks, bins, regions, state, h, ignore_freed_at):
     return out
 
 
+@njit(cache=True, inline="always")
+def empty_region_row(regions):
+    """The first unused row of the region table, -1 if it is full."""
+    for i in range(regions.shape[0]):
+        if regions[i]["size"] == 0:
+            return i
+    return -1
+
+
 @njit(cache=True)
 def add_region(chunks, bins, regions, state, ptr, size, coalesce, pool_bin):
     """Add backend memory ``[ptr, ptr+size)`` as one free chunk (TF's ``Extend`` tail).
@@ -186,10 +195,7 @@ def add_region(chunks, bins, regions, state, ptr, size, coalesce, pool_bin):
                 r = i
                 break
     if r < 0:
-        for i in range(regions.shape[0]):
-            if regions[i]["size"] == 0:
-                r = i
-                break
+        r = empty_region_row(regions)
         if r < 0:
             return NEED_ROWS
         h = new_row(chunks, state)
@@ -421,10 +427,7 @@ def punch_region(chunks, bins, regions, state, r, lo, hi, left_last_piece):
     table is full."""
     r2 = -1
     if hi < regions[r]["base"] + regions[r]["size"]:
-        for i in range(regions.shape[0]):
-            if regions[i]["size"] == 0:
-                r2 = i
-                break
+        r2 = empty_region_row(regions)
         if r2 < 0:
             return NEED_ROWS
     if state[S_FREE_ROWS] < 2:
