@@ -330,3 +330,48 @@ def test_plugin_grows_to_the_device_limit_then_recovers(fake_driver):
     del held[::2]
     held += [mgr.memalloc(16 * MiB) for _ in range(len(held))]
     check_invariants(mgr.allocator)
+
+
+def test_compact_remaps_granules_of_the_virtual_backend(fake_driver):
+    """The compact policy at a tight limit on the real VMM backend code: granules are
+    unmapped from the middle of the range and mapped again where growth wants them,
+    and the driver's mappings always equal the allocator's record of pieces."""
+    import random
+
+    from numba_bfc import CompactAllocator, OutOfMemoryError
+
+    b = CudaVirtualSubAllocator(context=FakeContext())
+    a = CompactAllocator(b, memory_limit=48 * MiB)
+    rng = random.Random(3)
+    live, ooms = [], 0
+    for step in range(1500):
+        if live and (rng.random() < 0.5 or len(live) > 40):
+            a.deallocate_raw(live.pop(rng.randrange(len(live))))
+        else:
+            try:
+                live.append(a.allocate_raw(rng.randint(1, 5 * MiB)))
+            except OutOfMemoryError:
+                ooms += 1
+        if step % 100 == 0:
+            check_invariants(a)
+            pieces = sorted((p, n) for p, (n, _) in a._pieces.items())
+            mapped = sorted((p, n) for p, (n, _) in fake_driver.mapped.items())
+            assert _merge(pieces) == _merge(mapped) == b.regions()
+            assert fake_driver.used == b.bytes_held == a.get_stats().bytes_reserved
+    assert a._punched and ooms > 0
+    assert fake_driver.accessible == set(fake_driver.mapped)
+    for p in live:
+        a.deallocate_raw(p)
+    a.empty_cache()
+    assert fake_driver.mapped == {} and fake_driver.used == 0
+    b.close()
+
+
+def _merge(ranges):
+    out = []
+    for p, n in ranges:
+        if out and out[-1][0] + out[-1][1] == p:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        else:
+            out.append((p, n))
+    return out

@@ -9,7 +9,8 @@ The compact policy keeps BFC's chunk machinery (best fit, coalescing, the
   between large ones;
 * it grows a space by the pages a request is short of (at least
   ``_GROWTH_PAGES`` pages or 1/``_GROWTH_FRACTION`` of the pool, whichever is
-  less, within the limit), on backends whose regions are adjacent (``supports_coalescing``: ``CudaVirtualSubAllocator``,
+  less, within the limit), on backends whose regions are adjacent
+  (``supports_coalescing``: ``CudaVirtualSubAllocator``,
   ``VirtualSubAllocator(contiguous=True)``, ``HostSubAllocator(contiguous=True)``),
   so each space is one coalescible range instead of islands of doubling size;
 * it gives whole backend pieces at the end of a region back once its free
