@@ -302,6 +302,17 @@ def test_growth_takes_headroom_within_the_limit(cls):
     check_invariants(a)
 
 
+@pytest.mark.parametrize("cls", [CompactAllocator, ReferenceCompactAllocator])
+def test_a_backend_that_refuses_the_headroom_still_gives_what_is_lacking(cls):
+    a = make(cls, limit=100 * PAGE, threshold=0, fail_if=lambda n: n > 4 * PAGE)
+    for _ in range(10):
+        a.allocate_raw(4 * PAGE)  # the headroom never passes 4 pages here
+    assert a.get_stats().bytes_reserved == 40 * PAGE and a.backend.num_failed_allocs == 0
+    a.allocate_raw(PAGE)  # 5 pages of headroom refused, the one lacking granted
+    assert a.get_stats().bytes_reserved == 41 * PAGE and a.backend.num_failed_allocs == 1
+    check_invariants(a)
+
+
 def test_patterns_survive_remapping_churn_on_host_memory():
     """A tight limit on real memory: pages go back from the middle of the space and
     are mapped again elsewhere while live data sits around them."""

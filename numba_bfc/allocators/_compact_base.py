@@ -125,8 +125,13 @@ class CompactGrowth:
             if fill is not None:
                 return self._fill(fill[0], fill[1], space)
         for shortfall in (need - tail, need) if tail else (need,):
-            nbytes = max(_round_up(max(shortfall, 1), self.page_size), self._headroom())
-            got = self._get_piece(nbytes, space)
+            exact = _round_up(max(shortfall, 1), self.page_size)
+            got = None
+            # A backend that cannot give the headroom may still give what is lacking.
+            for nbytes in dict.fromkeys((max(exact, self._headroom()), exact)):
+                got = self._get_piece(nbytes, space)
+                if got is not None:
+                    break
             if got is None:
                 return False
             ptr, received = got

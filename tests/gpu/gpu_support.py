@@ -28,7 +28,7 @@ GPU_SKIP = pytest.mark.skipif(
     not HAS_GPU, reason="needs an NVIDIA GPU, its driver and numba-cuda")
 
 COMBINATIONS = [("bfc", "plain"), ("bfc", "virtual"), ("caching", "plain"),
-                ("caching", "virtual")]
+                ("caching", "virtual"), ("compact", "virtual")]
 
 
 @contextlib.contextmanager
