@@ -94,8 +94,11 @@ def test_host_remapped_pages_keep_the_data_around_them():
         b.view(p, 2 * PAGE)
     assert b.alloc_at(p + PAGE, 2 * PAGE) == 2 * PAGE
     assert (b.view(p, PAGE) == 7).all() and (b.view(p + 3 * PAGE, PAGE) == 7).all()
-    with pytest.raises(ValueError, match="outside"):
-        b.alloc_at(p + 8 * PAGE, PAGE)
+    # The buffer spans twice the capacity; past its end nothing can be mapped.
+    assert b.alloc_at(p + 15 * PAGE, PAGE) == PAGE
+    assert b.alloc_at(p + 16 * PAGE, PAGE) is None
+    with pytest.raises(ValueError, match="below"):
+        b.alloc_at(p - PAGE, PAGE)
 
 
 def test_backends_that_cannot_remap_say_so():

@@ -348,6 +348,40 @@ def test_patterns_survive_remapping_churn_on_host_memory():
     check_invariants(a)
 
 
+@pytest.mark.parametrize("cls", [CompactAllocator, ReferenceCompactAllocator])
+def test_holes_are_counted_in_backend_granules(cls):
+    """Pages of 4 KiB on a backend of 16 KiB granules: holes and fills are whole granules."""
+    a = make(cls, page=4 * KiB, threshold=0, granularity=16 * KiB)
+    base = 1 << 40
+    a.allocate_raw(16 * KiB)
+    y = a.allocate_raw(32 * KiB)
+    a.allocate_raw(16 * KiB)
+    a.deallocate_raw(y)
+    assert a.empty_cache() == 32 * KiB
+    assert a.allocate_raw(4 * KiB) == base + 16 * KiB  # one granule, not one page
+    assert a.backend.mapped_ranges()[1] == (base + 16 * KiB, 16 * KiB)
+    check_invariants(a)
+
+
+@pytest.mark.parametrize("cls", [CompactAllocator, ReferenceCompactAllocator])
+def test_a_fill_that_joins_a_free_region_applies_the_release_rule(cls):
+    a = make(cls, page=4 * KiB, threshold=16 * KiB)
+    p1 = a.allocate_raw(8 * KiB, alignment=16 * KiB)
+    p2 = a.allocate_raw(12 * KiB)
+    a.empty_cache()
+    p3 = a.allocate_raw(12 * KiB)
+    a.deallocate_raw(p2)
+    a.empty_cache()  # a hole between p1 and p3
+    a.deallocate_raw(p1)
+    a.deallocate_raw(p3)  # two free regions, each below the threshold
+    assert len(a.regions()) == 2
+    q = a.allocate_raw(12 * KiB, alignment=16 * KiB)  # fills the hole, joins both
+    (base, size), = a.regions()
+    # The 12 KiB piece above the request, whole in the joined free tail, went back.
+    assert q == base and size == 20 * KiB
+    check_invariants(a)
+
+
 remap_sizes = st.one_of(st.integers(1, 2 * KiB), st.integers(1, 12 * KiB),
                         st.sampled_from([4 * KiB, 8 * KiB, 6 * KiB]))
 remap_alloc = st.tuples(st.just("alloc"), remap_sizes, st.sampled_from([256, 256, 1024, 4096]))

@@ -266,8 +266,9 @@ def test_virtual_backend_unmaps_single_granules_and_maps_at_an_address(fake_driv
             b.alloc_at(*bad)
     with pytest.raises(ValueError, match="overlaps"):
         b.alloc_at(p + 2 * MiB, 4 * MiB)
+    assert b.alloc_at(b.va_base + b.va_size, 2 * MiB) is None  # past the range
     with pytest.raises(ValueError, match="reserved range"):
-        b.alloc_at(b.va_base + b.va_size, 2 * MiB)
+        b.alloc_at(b.va_base - 2 * MiB, 2 * MiB)
     with pytest.raises(ValueError, match="not mapped"):
         b.free(p + 2 * MiB, 4 * MiB)  # half of it is the hole
     assert b.bytes_held == 6 * MiB == fake_driver.used
@@ -365,6 +366,29 @@ def test_compact_remaps_granules_of_the_virtual_backend(fake_driver):
     a.empty_cache()
     assert fake_driver.mapped == {} and fake_driver.used == 0
     b.close()
+
+
+def test_compact_grows_past_the_top_of_the_range_not_into_holes(fake_driver):
+    """The driver's lowest-gap placement would put top growth into a hole: compact maps
+    it where it wants it (alloc_at), as on the simulated backend."""
+    from numba_bfc import CompactAllocator
+    from numba_bfc.backends import VirtualSubAllocator
+
+    results = []
+    for b in (VirtualSubAllocator(contiguous=True, granularity=2 * MiB),
+              CudaVirtualSubAllocator(context=FakeContext())):
+        a = CompactAllocator(b, memory_limit=10 * MiB, page_size=2 * MiB, release_threshold=0)
+        base = a.allocate_raw(2 * MiB)
+        hole = a.allocate_raw(4 * MiB)
+        a.allocate_raw(MiB)
+        a.deallocate_raw(hole)
+        assert a.empty_cache() == 4 * MiB
+        p = a.allocate_raw(5 * MiB // 2)
+        results.append((p - base, [(r - base, n) for r, n in a.regions()],
+                        a.get_stats().bytes_reserved, b.num_frees))
+        check_invariants(a)
+    assert results[0] == results[1]
+    assert results[0][1] == [(0, 2 * MiB), (6 * MiB, 4 * MiB)]
 
 
 def _merge(ranges):

@@ -113,6 +113,12 @@ class CompactGrowth:
         backend = self._space_backends[space]
         return self._coalesce_regions and bool(getattr(backend, "supports_remap", False))
 
+    def _quantum(self, space: int) -> int:
+        """What growth and giving back are counted in: whole pages that are
+        whole backend granules too."""
+        granularity = int(getattr(self._space_backends[space], "granularity", 1) or 1)
+        return math.lcm(self.page_size, granularity)
+
     def _extend(self, alignment: int, rounded: int) -> bool:
         """Grow the request's space by the whole pages ``rounded`` bytes (plus
         alignment slack) lack beyond the free tail of its highest region, or
@@ -120,15 +126,13 @@ class CompactGrowth:
         space = self._space_for(rounded)
         need = rounded + max(alignment, MIN_ALLOCATION) - MIN_ALLOCATION
         end, tail = self._top_tail(space) if self._coalesce_regions else (0, 0)
-        if self._punched and end and self._remaps(space):
-            fill = self._cheapest_fill(space, need, end, tail)
-            if fill is not None:
-                return self._fill(fill[0], fill[1], space)
+        if end and self._remaps(space):
+            return self._grow_in_place(space, need, end, tail)
         for shortfall in (need - tail, need) if tail else (need,):
             exact = _round_up(max(shortfall, 1), self.page_size)
             got = None
             # A backend that cannot give the headroom may still give what is lacking.
-            for nbytes in dict.fromkeys((max(exact, self._headroom()), exact)):
+            for nbytes in dict.fromkeys((max(exact, self._headroom(self.page_size)), exact)):
                 got = self._get_piece(nbytes, space)
                 if got is not None:
                     break
@@ -143,22 +147,33 @@ class CompactGrowth:
             return True
         return False
 
-    def _headroom(self) -> int:
+    def _headroom(self, quantum: int) -> int:
         """Bytes a growth takes at least: ``_GROWTH_PAGES`` pages or
         1/``_GROWTH_FRACTION`` of the pool, whichever is less, within the limit."""
         pool = self._usage()[1]
-        extra = min(_GROWTH_PAGES * self.page_size, pool // _GROWTH_FRACTION,
-                    self.memory_limit - pool)
-        return extra // self.page_size * self.page_size
+        extra = min(_GROWTH_PAGES * quantum, pool // _GROWTH_FRACTION, self.memory_limit - pool)
+        return extra // quantum * quantum
 
-    def _cheapest_fill(self, space: int, need: int, end: int, tail: int
-                       ) -> tuple[int, int] | None:
-        """``(address, bytes)`` of the hole fill that serves ``need`` bytes
-        with fewer new pages than growing at the top (ties: the lowest
-        address), None if there is none. A fill extends the free tail of the
-        region below the hole, the free head of the one above, or joins both."""
-        page = self.page_size
-        best = (_round_up(max(need - tail, 1), page), end)
+    def _grow_in_place(self, space: int, need: int, end: int, tail: int) -> bool:
+        """Grow a space that remaps by mapping pages exactly where they serve
+        ``need`` bytes: after its highest region, or into a hole (``_fills``),
+        fewest new pages first, then the lowest address; the next choice is
+        tried when the backend cannot map one (its range may end)."""
+        quantum = self._quantum(space)
+        top = _round_up(max(need - tail, 1), quantum)
+        choices = [(top, end)] + (self._fills(space, need, quantum) if self._punched else [])
+        for nbytes, ptr in sorted(choices):
+            sizes = (max(nbytes, self._headroom(quantum)), nbytes) if ptr == end else (nbytes,)
+            for size in dict.fromkeys(sizes):
+                if self._fill(ptr, size, space):
+                    return True
+        return False
+
+    def _fills(self, space: int, need: int, quantum: int) -> list[tuple[int, int]]:
+        """``(bytes, address)`` of every hole fill that serves ``need`` bytes:
+        one extending the free tail of the region below the hole, one the free
+        head of the region above, and one filling the hole and joining both."""
+        out = []
         regions = self._space_regions(space)
         for (a_base, a_size), (b_base, _b) in zip(regions, regions[1:]):
             a_end = a_base + a_size
@@ -167,22 +182,26 @@ class CompactGrowth:
                 continue
             below = a_end - self._tail_start(a_base, a_end)
             above = self._head_end(b_base) - b_base
-            left = _round_up(max(need - below, 1), page)
-            right = _round_up(max(need - above, 1), page)
-            for cand in ((left, a_end) if left < hole else None,
-                         (right, b_base - right) if right < hole else None,
-                         (hole, a_end) if below + hole + above >= need else None):
-                if cand is not None and cand < best:
-                    best = cand
-        return None if best[1] == end else (best[1], best[0])
+            left = _round_up(max(need - below, 1), quantum)
+            right = _round_up(max(need - above, 1), quantum)
+            if left < hole:
+                out.append((left, a_end))
+            if right < hole:
+                out.append((right, b_base - right))
+            if below + hole + above >= need:
+                out.append((hole, a_end))
+        return out
 
     def _fill(self, ptr: int, nbytes: int, space: int) -> bool:
-        """Map ``nbytes`` at ``ptr`` (inside a hole) and merge it with the
-        regions it touches."""
+        """Map ``nbytes`` at ``ptr`` (past the top or inside a hole) and merge
+        it with the regions it touches."""
         if self._get_piece(nbytes, space, at=ptr) is None:
             return False
         self._add_region(ptr, nbytes, space)
-        self._join_at(ptr + nbytes, space)
+        if self._join_at(ptr + nbytes, space) and self.release_threshold > 0:
+            # The region above may bring a free tail with it: once the request is
+            # placed, the release rule decides on it as after a free.
+            self._mark_release_due(ptr)
         return True
 
     def _get_piece(self, nbytes: int, space: int, at: int | None = None
@@ -238,8 +257,23 @@ class CompactGrowth:
 
     def _release_due(self) -> None:
         base = self._take_release_due()
-        if base is not None:
+        if base is not None and self._tail_is_due(base):
             self._release_tail(base)
+
+    def _tail_is_due(self, base: int) -> bool:
+        """The release rule: the region's free tail has reached the threshold
+        and covers the start of its newest backend piece."""
+        end = base + dict(self._region_list())[base]
+        start = self._tail_start(base, end)
+        newest = self._pieces.peekitem(self._pieces.bisect_left(end) - 1)[0]
+        return 0 < self.release_threshold <= end - start and start <= newest
+
+    def _allocate_slow(self, n: int, alignment: int, freed_before: int) -> int:
+        try:
+            return super()._allocate_slow(n, alignment, freed_before)
+        finally:
+            if self._release_pending():  # set by a hole fill that joined regions
+                self._release_due()
 
     def _releasable_pieces(self, base: int, size: int) -> list[int]:
         """Starts of the backend pieces inside the free tail of the region at ``base``."""
@@ -278,8 +312,7 @@ class CompactGrowth:
         # Free, binned and not waiting on a timing count, as a releasable tail.
         records = records[(records["bin"] >= 0) & (records["freed_at_count"] == 0)]
         for sp in spaces:
-            quantum = math.lcm(self.page_size,
-                               int(getattr(self._space_backends[sp], "granularity", 1)))
+            quantum = self._quantum(sp)
             for base, size in self._space_regions(sp):
                 inside = records[(records["address"] >= base)
                                  & (records["address"] < base + size)]
@@ -359,8 +392,14 @@ class CompactGrowth:
         """Cut ``[lo, hi)`` (inside one free chunk) out of the region at ``base``."""
         raise NotImplementedError
 
-    def _join_at(self, seam: int, space: int) -> None:
-        """Join the space's regions that end and start at ``seam``, if both exist."""
+    def _join_at(self, seam: int, space: int) -> bool:
+        """Join the space's regions that end and start at ``seam``, if both
+        exist; True if they did."""
+        raise NotImplementedError
+
+    def _mark_release_due(self, ptr: int) -> None:
+        """Let the release rule decide on the region holding ``ptr`` once the
+        operation under way is done."""
         raise NotImplementedError
 
     def _space_of(self, base: int) -> int:

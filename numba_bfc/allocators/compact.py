@@ -151,13 +151,21 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
                            left_last_piece) == L.NEED_ROWS:
             self._grow_tables()
 
-    def _join_at(self, seam: int, space: int) -> None:
+    def _join_at(self, seam: int, space: int) -> bool:
         live = (self._regions["size"] > 0) & (self._regions["bin"] == space)
         above = np.flatnonzero(live & (self._regions["base"] == seam))
         below = np.flatnonzero(live & (self._regions["base"] + self._regions["size"] == seam))
-        if above.size and below.size:
-            join_regions(self._chunks, self._bins, self._regions, self._state,
-                         int(below[0]), int(above[0]))
+        if not (above.size and below.size):
+            return False
+        join_regions(self._chunks, self._bins, self._regions, self._state,
+                     int(below[0]), int(above[0]))
+        return True
+
+    def _mark_release_due(self, ptr: int) -> None:
+        regions = self._regions
+        row = np.flatnonzero((regions["size"] > 0) & (regions["base"] <= ptr)
+                             & (ptr < regions["base"] + regions["size"]))
+        self._state[S_RELEASE_DUE] = int(row[0]) + 1
 
     def _cut_region(self, base: int, new_end: int, last_piece: int) -> None:
         r = self._row(base)

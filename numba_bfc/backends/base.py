@@ -74,13 +74,13 @@ class SubAllocator(abc.ABC):
         -------
         int or None
             The bytes mapped (``nbytes``), or None when the backend cannot
-            provide the memory.
+            provide the memory (out of memory, or past the end of its range).
 
         Raises
         ------
         ValueError
-            The range is misaligned, outside the backend's range, or overlaps
-            mapped memory.
+            The range is misaligned, starts below the backend's range, or
+            overlaps mapped memory.
         """
         if not self.supports_remap:
             raise NotImplementedError(f"{type(self).__name__} cannot map at a chosen address")

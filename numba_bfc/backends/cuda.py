@@ -344,10 +344,11 @@ class CudaVirtualSubAllocator(_CudaBackend):
         if self._closed:
             raise RuntimeError("CudaVirtualSubAllocator is closed")
         g = self.granularity
-        if (ptr % g or nbytes % g or ptr < self.va_base
-                or ptr + nbytes > self.va_base + self.va_size):
-            raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): outside the reserved range or "
+        if ptr % g or nbytes % g or ptr < self.va_base:
+            raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): below the reserved range or "
                              f"not whole granules of {g} bytes")
+        if ptr + nbytes > self.va_base + self.va_size:
+            return False  # past the end of the reserved range
         i = self._pieces.bisect_left(ptr + nbytes) - 1
         if i >= 0 and self._pieces.peekitem(i)[0] + g > ptr:  # granules: one per piece
             raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): overlaps mapped memory")

@@ -24,8 +24,9 @@ class HostSubAllocator(SubAllocator):
         Most bytes held at once (default: unbounded, limited by the machine).
     contiguous : bool
         If True, regions are carved one after another out of one buffer of
-        ``capacity`` bytes (required), like pages mapped into a reserved CUDA
-        virtual range: a region starts where the highest live one ends;
+        ``capacity`` bytes (required; the buffer spans twice that, as address
+        room for remapping), like pages mapped into a reserved CUDA virtual
+        range: a region starts where the highest live one ends;
         ``supports_coalescing`` and ``supports_remap`` are True (``alloc_at``
         maps at a chosen free address of the buffer, ``free`` may give back
         part of an allocation). The buffer is allocated, not touched,
@@ -53,9 +54,11 @@ class HostSubAllocator(SubAllocator):
         if self.contiguous:
             if not capacity:
                 raise ValueError("a contiguous HostSubAllocator needs a capacity > 0")
-            # 2 MiB of slack so the arena itself can start page-aligned.
-            self._arena = np.empty(capacity + (2 << 20), dtype=np.uint8)
+            # Twice the capacity, as an address range reserved for remapping (pages
+            # mapped again past holes), plus 2 MiB so it can start page-aligned.
+            self._arena = np.empty(2 * capacity + (2 << 20), dtype=np.uint8)
             self._arena_base = _align_up(self._arena.ctypes.data, 2 << 20)
+            self._arena_end = self._arena_base + 2 * capacity
             self._pieces = _RangeMap()
 
     def _alloc(self, nbytes: int, alignment: int) -> tuple[int, int] | None:
@@ -63,7 +66,7 @@ class HostSubAllocator(SubAllocator):
             return None
         if self.contiguous:
             ptr = _align_up(self._pieces.top(self._arena_base), alignment)
-            if ptr + nbytes > self._arena_base + self.capacity:
+            if ptr + nbytes > self._arena_end:
                 return None
             self._pieces.add(ptr, ptr + nbytes)
             return ptr, nbytes
@@ -78,8 +81,10 @@ class HostSubAllocator(SubAllocator):
         return ptr, nbytes
 
     def _alloc_at(self, ptr: int, nbytes: int) -> bool:
-        if ptr < self._arena_base or ptr + nbytes > self._arena_base + self.capacity:
-            raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): outside the buffer")
+        if ptr < self._arena_base:
+            raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): below the buffer")
+        if ptr + nbytes > self._arena_end:
+            return False  # past the end of the range: nothing more to map there
         if self._pieces.overlaps(ptr, ptr + nbytes):
             raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): overlaps mapped memory")
         self._pieces.add(ptr, ptr + nbytes)

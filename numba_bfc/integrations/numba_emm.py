@@ -200,6 +200,8 @@ class _TrackedBackend(SubAllocator):
         return True
 
     def _free(self, ptr: int, nbytes: int) -> None:
+        if not self._granted.covers(ptr, ptr + nbytes):
+            raise ValueError(f"free({ptr:#x}, {nbytes}): not inside granted memory")
         self.inner.free(ptr, nbytes)
         # A coalescing allocator frees several granted regions in one call, a
         # remapping one part of a region.

@@ -46,7 +46,8 @@ def run_batch(policy, chunks, bins, regions, pmap, state, ops, ids, sizes, align
     got. Stops at the first operation the kernel cannot finish alone and
     returns ``(index, code)``: ``NEED_ROWS`` or ``NOT_FOUND`` (the façade grows
     or extends and resumes at ``index``), ``INVALID_POINTER``, or
-    ``RELEASE_DUE`` (operation ``index - 1`` was done but not sampled; the
+    ``RELEASE_DUE`` (operation ``index - 1``, a free or an allocation after a
+    hole fill, was done but not sampled; the
     façade gives the free tail back, samples, and resumes at ``index``). Returns
     ``(stop, 0)`` when done. A free of an id whose ``id_ptr`` is ``FAILED``
     is skipped. With ``stride > 0``, row ``i // stride`` of ``series`` keeps
@@ -83,8 +84,8 @@ def run_batch(policy, chunks, bins, regions, pmap, state, ops, ids, sizes, align
                 if r < 0:
                     return i, r
             id_ptr[ids[i]] = -1
-            if policy == COMPACT_POLICY and state[S_RELEASE_DUE] != 0:
-                return i + 1, RELEASE_DUE  # the façade samples after giving back
+        if policy == COMPACT_POLICY and state[S_RELEASE_DUE] != 0:
+            return i + 1, RELEASE_DUE  # the façade samples after giving back
         if stride > 0:
             sample_usage(series, stride, i, state, in_use_slot)
     return stop, 0

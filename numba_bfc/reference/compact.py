@@ -91,14 +91,14 @@ class ReferenceCompactAllocator(CompactGrowth, ReferenceBFCAllocator):
             region.size -= hi - lo
         self._c["pool_bytes"] -= hi - lo
 
-    def _join_at(self, seam: int, space: int) -> None:
+    def _join_at(self, seam: int, space: int) -> bool:
         upper = self._region_map.get(seam)
         i = self._region_map.bisect_left(seam)
         if upper is None or upper.pool != space or i == 0:
-            return
+            return False
         lower = self._region_map.peekitem(i - 1)[1]
         if lower.base + lower.size != seam or lower.pool != space:
-            return
+            return False
         del self._region_map[seam]
         last = self._last_chunk(lower.base)
         first = upper.first
@@ -109,6 +109,10 @@ class ReferenceCompactAllocator(CompactGrowth, ReferenceBFCAllocator):
         if not first.in_use and first.bin != -1:
             self._remove(first)
             self._insert(self._coalesce(first, False))
+        return True
+
+    def _mark_release_due(self, ptr: int) -> None:
+        self._due = self._region_map.peekitem(self._region_map.bisect_right(ptr) - 1)[0]
 
     def _cut_region(self, base: int, new_end: int, last_piece: int) -> None:
         if new_end == base:
