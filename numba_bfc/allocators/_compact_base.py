@@ -76,6 +76,10 @@ class CompactGrowth:
         # Set once a page has gone back from the middle of a space: from then
         # on growth also looks at the holes.
         self._punched = False
+        self._remapping = [self._coalesce_regions and bool(getattr(b, "supports_remap", False))
+                           for b in self._space_backends]
+        self._quanta = [math.lcm(self.page_size, int(getattr(b, "granularity", 1) or 1))
+                        for b in self._space_backends]
         self._configure_compact()
 
     @property
@@ -110,14 +114,12 @@ class CompactGrowth:
         return SMALL_SPACE if rounded < self.small_size else LARGE_SPACE
 
     def _remaps(self, space: int) -> bool:
-        backend = self._space_backends[space]
-        return self._coalesce_regions and bool(getattr(backend, "supports_remap", False))
+        return self._remapping[space]
 
     def _quantum(self, space: int) -> int:
         """What growth and giving back are counted in: whole pages that are
         whole backend granules too."""
-        granularity = int(getattr(self._space_backends[space], "granularity", 1) or 1)
-        return math.lcm(self.page_size, granularity)
+        return self._quanta[space]
 
     def _extend(self, alignment: int, rounded: int) -> bool:
         """Grow the request's space by the whole pages ``rounded`` bytes (plus
@@ -162,10 +164,11 @@ class CompactGrowth:
         quantum = self._quantum(space)
         top = _round_up(max(need - tail, 1), quantum)
         choices = [(top, end)] + (self._fills(space, need, quantum) if self._punched else [])
-        for nbytes, ptr in sorted(choices):
-            sizes = (max(nbytes, self._headroom(quantum)), nbytes) if ptr == end else (nbytes,)
+        for nbytes, ptr in sorted(choices) if len(choices) > 1 else choices:
+            at_top = ptr == end  # nothing lies above the top: no region to join
+            sizes = (max(nbytes, self._headroom(quantum)), nbytes) if at_top else (nbytes,)
             for size in dict.fromkeys(sizes):
-                if self._fill(ptr, size, space):
+                if self._fill(ptr, size, space, join=not at_top):
                     return True
         return False
 
@@ -192,13 +195,13 @@ class CompactGrowth:
                 out.append((hole, a_end))
         return out
 
-    def _fill(self, ptr: int, nbytes: int, space: int) -> bool:
+    def _fill(self, ptr: int, nbytes: int, space: int, join: bool) -> bool:
         """Map ``nbytes`` at ``ptr`` (past the top or inside a hole) and merge
-        it with the regions it touches."""
+        it with the region below and, with ``join``, the one above."""
         if self._get_piece(nbytes, space, at=ptr) is None:
             return False
         self._add_region(ptr, nbytes, space)
-        if self._join_at(ptr + nbytes, space) and self.release_threshold > 0:
+        if join and self._join_at(ptr + nbytes, space) and self.release_threshold > 0:
             # The region above may bring a free tail with it: once the request is
             # placed, the release rule decides on it as after a free.
             self._mark_release_due(ptr)
