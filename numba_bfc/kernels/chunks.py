@@ -396,9 +396,10 @@ def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, 
 
 
 @njit(cache=True)
-def _split_region_before(chunks, regions, state, r, h, r2, last_piece):
+def _split_region_before(chunks, regions, state, r, h, r2):
     """Move chunk ``h`` (not region ``r``'s first) and every chunk after it
-    into the empty region row ``r2``."""
+    into the empty region row ``r2``, which keeps ``r``'s newest piece (or
+    starts it, if that piece was cut at ``h``)."""
     base2 = chunks[h]["ptr"]
     end = regions[r]["base"] + regions[r]["size"]
     prv = chunks[h]["prev"]
@@ -409,7 +410,7 @@ def _split_region_before(chunks, regions, state, r, h, r2, last_piece):
     regions[r2]["first"] = h
     regions[r2]["last"] = regions[r]["last"]
     regions[r2]["bin"] = regions[r]["bin"]
-    regions[r2]["last_piece"] = max(last_piece, base2)
+    regions[r2]["last_piece"] = max(regions[r]["last_piece"], base2)
     regions[r]["size"] = base2 - regions[r]["base"]
     regions[r]["last"] = prv
     state[S_NUM_REGIONS] += 1
@@ -443,8 +444,7 @@ def punch_region(chunks, bins, regions, state, r, lo, hi, left_last_piece):
     if chunks[h]["ptr"] + chunks[h]["size"] > hi:
         split_chunk(chunks, bins, regions, state, h, hi - lo, True)
     if r2 >= 0:
-        _split_region_before(chunks, regions, state, r, chunks[h]["next"], r2,
-                             regions[r]["last_piece"])
+        _split_region_before(chunks, regions, state, r, chunks[h]["next"], r2)
     # ``h`` is now exactly [lo, hi) and region ``r``'s last chunk.
     if h == regions[r]["first"]:
         remove_region(chunks, bins, regions, state, r)

@@ -135,12 +135,8 @@ class ReferenceCompactAllocator(CompactGrowth, ReferenceBFCAllocator):
         c = self._in_use.get(ptr)
         if not super()._deallocate_chunk(ptr, count):
             return False
-        region = c.region
-        last = self._last_chunk(region.base)
-        newest = self._pieces.peekitem(self._pieces.bisect_left(region.base + region.size) - 1)[0]
-        if (count == 0 and self.release_threshold > 0 and self._releasable(last)
-                and last.size >= self.release_threshold and last.ptr <= newest):
-            self._due = region.base
+        if count == 0 and self._tail_is_due(c.region.base):
+            self._due = c.region.base
         return True
 
     def _release_pending(self) -> bool:
