@@ -223,6 +223,18 @@ def test_calls_made_without_a_current_context_push_it(fake_driver):
     assert int(fake_driver.current) == 0 and fake_driver.stack == []
 
 
+def test_a_context_holding_a_binding_device_works(fake_driver):
+    # numba-cuda's Context(CUdevice, handle) for a primary context retained by
+    # other code: its .device is the binding's CUdevice (int(), no .id).
+    ctx = FakeContext()
+    ctx.device = Handle(0)
+    for cls in (CudaSubAllocator, CudaVirtualSubAllocator):
+        b = cls(context=ctx)
+        assert b.device_id == 0
+        p, n = b.alloc(MiB)
+        b.free(p, n)
+
+
 # ---------------------------------------------------------------------- virtual
 def test_virtual_backend_maps_adjacent_regions_and_unmaps_unions(fake_driver):
     b = CudaVirtualSubAllocator(context=FakeContext())

@@ -7,7 +7,10 @@ arrays, CuPy's own pool (if ``cupy`` is importable). ``extra_info`` records
 the memory-management driver calls per round.
 
 Run: ``python -m pytest -m cuda benchmarks/gpu --benchmark-columns=min,median,mean,rounds
---benchmark-group-by=group`` (skipped without an NVIDIA GPU and numba-cuda).
+--benchmark-group-by=group`` (skipped without an NVIDIA GPU and numba-cuda). With
+``NUMBA_BFC_FAKE_CUDA=1`` the allocation benchmarks run on the fake CUDA driver
+(``tests/gpu/fake_libcuda.c``): their driver-call counts are what a GPU would
+see, their times are not (the fake's driver calls cost next to nothing).
 """
 
 import contextlib
@@ -22,6 +25,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
 from gpu_support import (  # noqa: E402
     GPU_SKIP,
+    KERNEL_SKIP,
     count_driver_calls,
     default_numba_context,
     numba_bfc_context,
@@ -99,6 +103,7 @@ def test_device_array_cycles(benchmark, manager):
     _run_rounds(benchmark, cycles, rounds=30)
 
 
+@KERNEL_SKIP
 @pytest.mark.benchmark(group="kernel-loop-with-temporaries")
 def test_kernel_loop_with_temporaries(benchmark, manager):
     """Each step allocates two temporaries, launches two kernels and drops the inputs."""

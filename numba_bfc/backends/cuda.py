@@ -104,6 +104,19 @@ def _resolve_context(drvmod: Any, device: int | None, context: Any) -> Any:
     return drvmod.driver.get_device(int(device)).get_primary_context()
 
 
+def _device_ordinal(ctx: Any) -> int:
+    """The device ordinal of a Numba ``Context``.
+
+    ``ctx.device`` is normally Numba's ``Device``, but a context built around
+    a primary context that other code retained (``Context(CUdevice, handle)``,
+    as numba-cuda's own tests do) holds the binding's ``CUdevice``, which has
+    no ``id`` and converts with ``int()``.
+    """
+    device = ctx.device
+    ordinal = getattr(device, "id", None)
+    return int(device if ordinal is None else ordinal)
+
+
 class _CudaBackend(SubAllocator):
     """What both CUDA backends share: the context, memory info and OOM detection."""
 
@@ -121,7 +134,7 @@ class _CudaBackend(SubAllocator):
         self._drv = drvmod.driver
         self._oom = binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
         ctx = _resolve_context(drvmod, device, context)
-        self.device_id = int(ctx.device.id)
+        self.device_id = _device_ordinal(ctx)
         self._ctx_handle = ctx.handle
         self._ctx_int = int(ctx.handle)
         self.driver_calls = 0

@@ -1,6 +1,11 @@
-"""Helpers shared by the GPU tests: detection, managed contexts, driver-call counts.
+"""Helpers shared by the GPU tests: detection, managed contexts, data patterns,
+driver-call counts.
 
 Imported by the test modules in this directory (pytest puts it on ``sys.path``).
+With ``NUMBA_BFC_FAKE_CUDA=1`` the tests run against ``fake_libcuda.c``, a
+fake CUDA driver over host memory, loaded here before numba-cuda looks for the
+driver: the real numba-cuda, cuda-bindings and numba_bfc code runs, and data
+is written by host-to-device copies where a GPU would run a kernel.
 """
 
 from __future__ import annotations
@@ -8,14 +13,25 @@ from __future__ import annotations
 import contextlib
 import gc
 
+import fake_cuda
+import numpy as np
 import pytest
 
-from numba_bfc.backends.cuda import cuda_available
+FAKE_DEVICE = fake_cuda.requested()
+if FAKE_DEVICE:
+    fake_cuda.preload()
+
+from numba_bfc.backends.cuda import cuda_available  # noqa: E402
 
 
 def has_cuda_gpu() -> bool:
-    """numba-cuda, a driver, a GPU, and NVVM for compiling kernels."""
-    if not cuda_available():
+    """numba-cuda, a driver and a GPU (real, or the fake driver)."""
+    return cuda_available()
+
+
+def can_launch_kernels() -> bool:
+    """A real GPU and NVVM, so that Numba kernels compile and run."""
+    if FAKE_DEVICE or not HAS_GPU:
         return False
     from numba import cuda
 
@@ -23,12 +39,48 @@ def has_cuda_gpu() -> bool:
 
 
 HAS_GPU = has_cuda_gpu()
+KERNELS = can_launch_kernels()
 #: Apply to every GPU test module: ``pytestmark = [pytest.mark.cuda, GPU_SKIP]``.
 GPU_SKIP = pytest.mark.skipif(
-    not HAS_GPU, reason="needs an NVIDIA GPU, its driver and numba-cuda")
+    not HAS_GPU, reason="needs an NVIDIA GPU, its driver and numba-cuda "
+                        "(or NUMBA_BFC_FAKE_CUDA=1 for the fake driver)")
+#: For tests that cannot run without kernels.
+KERNEL_SKIP = pytest.mark.skipif(
+    not KERNELS, reason="launches Numba kernels: needs a real GPU and NVVM")
 
 COMBINATIONS = [("bfc", "plain"), ("bfc", "virtual"), ("caching", "plain"),
                 ("caching", "virtual"), ("compact", "virtual")]
+
+
+def pattern(seed: int, n: int) -> np.ndarray:
+    """``n`` uint32 values that differ for every seed and position."""
+    return ((seed * 2654435761 + np.arange(n, dtype=np.int64)) & 0xFFFFFFFF).astype(np.uint32)
+
+
+_fill_kernel = None
+
+
+def write_pattern(arr, seed: int) -> None:
+    """Fill the uint32 device array ``arr`` with ``pattern(seed, arr.size)``.
+
+    On a GPU a Numba kernel writes it; on the fake driver a host-to-device copy.
+    """
+    global _fill_kernel
+    if not KERNELS:
+        arr.copy_to_device(pattern(seed, arr.size))
+        return
+    if _fill_kernel is None:
+        from numba import cuda
+
+        @cuda.jit
+        def fill(a, s):
+            i = cuda.grid(1)
+            if i < a.size:
+                a[i] = (s * 2654435761 + i) & 0xFFFFFFFF  # int64 arithmetic, then wrap
+
+        _fill_kernel = fill
+    threads = 256
+    _fill_kernel[(arr.size + threads - 1) // threads, threads](arr, seed)
 
 
 @contextlib.contextmanager

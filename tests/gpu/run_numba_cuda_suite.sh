@@ -9,7 +9,10 @@
 #          filecheck (numba.cuda.testing imports it: pip install filecheck).
 # Env:     PYTHON (default: python), NUMBA_BFC_EMM_MODULE (default: numba_bfc),
 #          NUMBA_BFC_CONF (passed through: e.g. policy:caching,backend:virtual),
-#          SKIP_BASELINE=1 to run only the numba_bfc configuration.
+#          SKIP_BASELINE=1 to run only the numba_bfc configuration,
+#          NUMBA_BFC_FAKE_CUDA=1 to run on the fake CUDA driver (tests/gpu/
+#          fake_libcuda.c) instead of a GPU: tests that launch kernels then fail
+#          under both managers, so compare the two columns.
 # Output:  OUTPUT_DIR/{numba_bfc,default}.xml (JUnit), .log, manager-*.txt,
 #          summary.md. Exit status 0 when no test fails only with numba_bfc.
 set -euo pipefail
@@ -20,7 +23,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python}
 MODULE=${NUMBA_BFC_EMM_MODULE:-numba_bfc}
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT:$ROOT/tests/gpu${PYTHONPATH:+:$PYTHONPATH}"
 
 TESTS=(
   numba.cuda.tests.cudadrv.test_emm_plugins
@@ -41,6 +44,9 @@ TESTS=(
 # Fail early, with a reason, rather than with 300 identical errors.
 "$PY" - "$MODULE" <<'EOF'
 import importlib, sys
+import fake_cuda
+if fake_cuda.requested():
+    fake_cuda.preload()
 mod = sys.argv[1]
 try:
     cls = importlib.import_module(mod)._numba_memory_manager
@@ -55,6 +61,8 @@ if getattr(cuda, "implementation", None) != "NVIDIA":
     sys.exit("preflight: numba-cuda is not installed (numba.cuda is numba's built-in target)")
 if not cuda.is_available():
     sys.exit(f"preflight: no usable CUDA GPU: {cuda.cuda_error()}")
+if fake_cuda.requested():
+    print("preflight: on the fake CUDA driver (no kernels can run)")
 print(f"preflight: {mod} -> {cls.__module__}.{cls.__qualname__}")
 EOF
 
@@ -70,7 +78,11 @@ EOF
 cat > "$WORK/conftest.py" <<'EOF'
 import os
 
+import fake_cuda
 import pytest
+
+if fake_cuda.requested():
+    fake_cuda.preload()  # before numba.cuda is imported
 
 
 def pytest_addoption(parser):

@@ -16,7 +16,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpu_support import GPU_SKIP, count_driver_calls, default_numba_context, numba_bfc_context
+from gpu_support import (
+    GPU_SKIP,
+    KERNEL_SKIP,
+    count_driver_calls,
+    default_numba_context,
+    numba_bfc_context,
+    pattern,
+    write_pattern,
+)
 
 pytestmark = [pytest.mark.cuda, GPU_SKIP]
 
@@ -24,14 +32,8 @@ MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _kernels():
+def _scale_kernel():
     from numba import cuda
-
-    @cuda.jit
-    def fill(arr, seed):
-        i = cuda.grid(1)
-        if i < arr.size:
-            arr[i] = (seed * 2654435761 + i) & 0xFFFFFFFF  # int64 arithmetic, then wrap
 
     @cuda.jit
     def scale(arr, factor):
@@ -39,12 +41,7 @@ def _kernels():
         if i < arr.size:
             arr[i] *= factor
 
-    return fill, scale
-
-
-def pattern(seed, n):
-    """What ``fill(arr, seed)`` writes into ``n`` elements."""
-    return ((seed * 2654435761 + np.arange(n, dtype=np.int64)) & 0xFFFFFFFF).astype(np.uint32)
+    return scale
 
 
 def launch(kernel, arr, *args):
@@ -69,7 +66,6 @@ def check_tables(ctx):
 def test_patterns_survive_churn(bfc_context):
     from numba import cuda
 
-    fill, _ = _kernels()
     rng = np.random.default_rng(7)
     live = {}
     for step in range(800):
@@ -79,7 +75,7 @@ def test_patterns_survive_churn(bfc_context):
         n = int(rng.choice([rng.integers(1, 1024), rng.integers(1024, 1 << 16),
                             rng.integers(1 << 16, 1 << 18)]))
         arr = cuda.device_array(n, dtype=np.uint32)
-        launch(fill, arr, step)
+        write_pattern(arr, step)
         live[step] = arr
     cuda.synchronize()
     spans = sorted(span(a) for a in live.values())
@@ -92,16 +88,15 @@ def test_patterns_survive_churn(bfc_context):
 def test_slices_keep_their_parent_alive(bfc_context):
     from numba import cuda
 
-    fill, _ = _kernels()
     parent = cuda.device_array(1 << 20, dtype=np.uint32)
-    launch(fill, parent, 1)
+    write_pattern(parent, 1)
     part = parent[1000:3000]
     del parent
     gc.collect()
     others = []
     for seed in range(2, 40):
         a = cuda.device_array(1 << 16, dtype=np.uint32)
-        launch(fill, a, seed)
+        write_pattern(a, seed)
         others.append(a)
     np.testing.assert_array_equal(part.copy_to_host(), pattern(1, 1 << 20)[1000:3000])
     lo, hi = span(part)
@@ -113,7 +108,6 @@ def test_slices_keep_their_parent_alive(bfc_context):
 def test_frees_from_other_threads(bfc_context):
     from numba import cuda
 
-    fill, _ = _kernels()
     handoff, lock, stop = [], threading.Lock(), threading.Event()
 
     def dropper():
@@ -130,7 +124,7 @@ def test_frees_from_other_threads(bfc_context):
     try:
         for step in range(600):
             a = cuda.device_array(int(1 + step * 977 % 200000), dtype=np.uint32)
-            launch(fill, a, step)
+            write_pattern(a, step)
             if step % 10 == 0:
                 keep.append((step, a))
             else:
@@ -151,20 +145,19 @@ def test_frees_from_other_threads(bfc_context):
 def test_close_and_a_new_context(bfc_context):
     from numba import cuda
 
-    fill, _ = _kernels()
     old_mgr = bfc_context.memory_manager
     stale = cuda.device_array(1 << 16, dtype=np.uint32)
-    launch(fill, stale, 3)
+    write_pattern(stale, 3)
     cls = type(old_mgr)
     cuda.close()
     ctx = cuda.current_context()
     assert type(ctx.memory_manager) is cls and ctx.memory_manager is not old_mgr
     fresh = cuda.device_array(1 << 16, dtype=np.uint32)
-    launch(fill, fresh, 4)
+    write_pattern(fresh, 4)
     del stale  # its finalizer belongs to the closed context: ignored
     gc.collect()
     again = cuda.device_array(1 << 16, dtype=np.uint32)
-    launch(fill, again, 5)
+    write_pattern(again, 5)
     np.testing.assert_array_equal(fresh.copy_to_host(), pattern(4, 1 << 16))
     np.testing.assert_array_equal(again.copy_to_host(), pattern(5, 1 << 16))
     check_tables(ctx)
@@ -208,7 +201,6 @@ def test_out_of_memory_and_recovery_near_the_device_limit(bfc_context):
 
     from numba_bfc import OutOfMemoryError
 
-    fill, _ = _kernels()
     chunk = 1 << 30
     free0 = bfc_context.get_memory_info().free
     arrays = []
@@ -224,7 +216,7 @@ def test_out_of_memory_and_recovery_near_the_device_limit(bfc_context):
     # (the device itself may have less than a new segment left).
     refill = [cuda.device_array(chunk, dtype=np.uint8) for _ in range(n // 2 - 1)]
     small = cuda.device_array(1 << 20, dtype=np.uint32)
-    launch(fill, small, 9)
+    write_pattern(small, 9)
     np.testing.assert_array_equal(small.copy_to_host(), pattern(9, 1 << 20))
     del arrays, refill, small
     bfc_context.memory_manager.release_unused()
@@ -235,19 +227,22 @@ def test_out_of_memory_and_recovery_near_the_device_limit(bfc_context):
 _IPC_CHILD = """
 import json, pickle, sys
 import numpy as np
+import gpu_support  # loads the fake driver when the parent runs on it
 from numba import cuda
 
 handle = pickle.loads(sys.stdin.buffer.read())
 arr = handle.open()
 host = arr.copy_to_host()
+if gpu_support.KERNELS:
+    @cuda.jit
+    def double(a):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] *= 2
 
-@cuda.jit
-def double(a):
-    i = cuda.grid(1)
-    if i < a.size:
-        a[i] *= 2
-
-double[(arr.size + 255) // 256, 256](arr)
+    double[(arr.size + 255) // 256, 256](arr)
+else:
+    arr.copy_to_device(2 * host)
 cuda.synchronize()
 handle.close()
 print(json.dumps({"sum": float(host.sum()), "first": float(host[0])}))
@@ -265,7 +260,7 @@ def test_ipc_of_a_pooled_block_into_a_child_process(policy):
         ipc = arr.get_ipc_handle()
         assert ipc._ipc_handle.offset > 0
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+            [str(ROOT), str(ROOT / "tests" / "gpu"), os.environ.get("PYTHONPATH", "")]))
         out = subprocess.run([sys.executable, "-c", _IPC_CHILD], input=pickle.dumps(ipc),
                              capture_output=True, check=True, cwd=ROOT, env=env, timeout=300)
         seen = json.loads(out.stdout.decode().strip().splitlines()[-1])
@@ -289,14 +284,13 @@ def _fragmenting_sequence():
     four of them, free the rest, then ask for 40 MiB."""
     from numba import cuda
 
-    fill, _ = _kernels()
     blocks = [cuda.device_array(MiB // 4, dtype=np.uint32) for _ in range(62)]
     keep = {i: blocks[i] for i in (0, 2, 9, 50)}
     for i, a in keep.items():
-        launch(fill, a, i)
+        write_pattern(a, i)
     del blocks
     big = cuda.device_array(10 * MiB, dtype=np.uint32)  # 40 MiB
-    launch(fill, big, 99)
+    write_pattern(big, 99)
     cuda.synchronize()
     for i, a in keep.items():
         np.testing.assert_array_equal(a.copy_to_host(), pattern(i, MiB // 4))
@@ -330,7 +324,6 @@ def test_compact_defragmenting_retry_keeps_data():
     import numba_bfc
     from numba_bfc.invariants import check_invariants
 
-    fill, _ = _kernels()
     with numba_bfc_context(policy="compact", backend="virtual", memory_limit=16 * MiB) as ctx:
         mgr = ctx.memory_manager
         mgr.initialize()
@@ -339,14 +332,14 @@ def test_compact_defragmenting_retry_keeps_data():
         arrays = {}
         for seed, mib in ((1, 4), (2, 6), (3, 4)):
             arrays[seed] = cuda.device_array(mib * MiB // 4, dtype=np.uint32)
-            launch(fill, arrays[seed], seed)
+            write_pattern(arrays[seed], seed)
         cuda.synchronize()
         del arrays[2]
         alloc = numba_bfc.current_allocator()  # applies the pending free
         frees = mgr.backend.num_frees
         # 8 MiB fit only once the 6 MiB between the two live arrays are unmapped.
         d = cuda.device_array(8 * MiB // 4, dtype=np.uint32)
-        launch(fill, d, 4)
+        write_pattern(d, 4)
         cuda.synchronize()
         assert mgr.backend.num_frees > frees and len(alloc.regions()) >= 2
         assert alloc.get_stats().bytes_reserved <= 16 * MiB
@@ -357,7 +350,7 @@ def test_compact_defragmenting_retry_keeps_data():
         del d
         numba_bfc.current_allocator()
         e = cuda.device_array(4 * MiB // 4, dtype=np.uint32)  # from the freed 8 MiB
-        launch(fill, e, 5)
+        write_pattern(e, 5)
         cuda.synchronize()
         np.testing.assert_array_equal(e.copy_to_host(), pattern(5, e.size))
         for seed, a in arrays.items():
@@ -390,13 +383,14 @@ def test_ten_times_fewer_driver_calls_than_numbas_manager(policy):
 
 
 # ---------------------------------------------------------------------- CuPy
+@KERNEL_SKIP
 def test_cupy_arrays_come_from_the_shared_pool():
     cupy = pytest.importorskip("cupy")
     from numba import cuda
 
     from numba_bfc.integrations.cupy import cupy_allocator
 
-    _, scale = _kernels()
+    scale = _scale_kernel()
     with numba_bfc_context(policy="bfc", backend="plain") as ctx:
         mgr = ctx.memory_manager
         cupy.cuda.set_allocator(cupy_allocator)

@@ -1,0 +1,975 @@
+/*
+ * A fake CUDA driver (libcuda.so.1) over host memory, for running numba-cuda,
+ * cuda-bindings and numba_bfc's CUDA backends on a machine with no GPU.
+ *
+ * It implements the driver functions that device memory needs: contexts,
+ * cuMemAlloc/cuMemFree, copies and memsets, streams and events, IPC between
+ * processes, and the virtual memory management API (cuMemAddressReserve,
+ * cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease). It cannot
+ * load or launch kernels. All work is synchronous.
+ *
+ * "Device memory" is one memfd file, shared-mapped, so that
+ * - cuMemAlloc memory is real, readable and writable through copies;
+ * - cuMemCreate handles are ranges of the file and cuMemMap maps them at the
+ *   address asked for (MAP_FIXED), with no access until cuMemSetAccess, so a
+ *   page unmapped from the middle of a region and mapped elsewhere keeps
+ *   exactly the semantics of CUDA's physical memory handles;
+ * - an IPC handle names the file and an offset, and another process opens it
+ *   through /proc/<pid>/fd.
+ * Copies and memsets check that every byte they touch is device memory that
+ * is allocated (or mapped with access), host memory from cuMemHostAlloc, or
+ * (for the host side) anything; a stray address returns CUDA_ERROR_INVALID_VALUE
+ * instead of corrupting memory. Frees check that the pointer was allocated,
+ * unmaps that whole mappings are named, releases of the address range that
+ * nothing is mapped in it.
+ *
+ * Environment: NUMBA_BFC_FAKE_CUDA_MEMORY, the device's memory in bytes
+ * (default 4 GiB; untouched memory costs nothing).
+ *
+ * Functions are found the way cuda-bindings looks for them, through
+ * cuGetProcAddress_v2, and by name (dlsym), the way numba-cuda's ctypes
+ * loader does.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef unsigned long long cuuint64_t;
+typedef struct fake_context *CUcontext;
+typedef struct fake_stream *CUstream;
+typedef struct fake_event *CUevent;
+typedef struct { char bytes[16]; } CUuuid;
+typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef struct { int type; int id; } CUmemLocation;
+typedef struct {
+    int type;
+    int requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_ALREADY_MAPPED = 208,
+    CUDA_ERROR_NOT_MAPPED = 211,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+#define GRANULE (2ull << 20)     /* cuMemGetAllocationGranularity, both kinds */
+#define PAGE 4096ull
+#define DRIVER_VERSION 13000     /* CUDA 13.0 */
+
+/* ------------------------------------------------------------------ state */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int initialized;
+static int mem_fd = -1;
+static unsigned long long total_memory, used_memory, file_size;
+static char *heap;               /* the whole file, shared-mapped: cuMemAlloc memory */
+
+/* Intervals of the device file in use: cuMemAlloc blocks and cuMemCreate handles. */
+typedef struct {
+    unsigned long long off, size;
+    int kind;                    /* 1: cuMemAlloc, 2: cuMemCreate handle */
+    int released;                /* handles: cuMemRelease called */
+    int maps;                    /* handles: live mappings */
+} block_t;
+static block_t *blocks;
+static size_t nblocks, cap_blocks;
+
+typedef struct { unsigned long long start, size; } range_t;
+static range_t *reservations, *host_ranges, *ipc_ranges;
+static size_t nres, cap_res, nhost, cap_host, nipc, cap_ipc;
+
+typedef struct {
+    unsigned long long start, size, handle_off;
+    int accessible;
+} mapping_t;
+static mapping_t *mappings;
+static size_t nmaps, cap_maps;
+
+struct fake_context { int device; int retained; int alive; int reset; };
+static struct fake_context primary = {0, 0, 0, 0};
+static __thread CUcontext ctx_stack[64];
+static __thread int ctx_depth;
+struct fake_stream { int flags; };
+struct fake_event { double when; int recorded; };
+
+static void *grow(void *arr, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return arr;
+    size_t n = *cap ? *cap * 2 : 64;
+    while (n < need) n *= 2;
+    void *p = realloc(arr, n * elem);
+    if (!p) abort();
+    *cap = n;
+    return p;
+}
+
+static CUresult ensure_init(void) { return initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED; }
+
+static CUresult need_context(void) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    /* A released primary context stays current, and usable, as on the real
+       driver ("it does not pop the context from the stack of any threads"). */
+    if (ctx_depth == 0 || ctx_stack[ctx_depth - 1] == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    return CUDA_SUCCESS;
+}
+
+static unsigned long long align_up(unsigned long long x, unsigned long long a) {
+    return (x + a - 1) / a * a;
+}
+
+/* First fit over the sorted block list; returns the file offset or ~0. */
+static unsigned long long take_file_range(unsigned long long size, unsigned long long align,
+                                          int kind) {
+    if (used_memory + size > total_memory) return ~0ull;
+    unsigned long long pos = 0;
+    size_t i = 0;
+    for (; i <= nblocks; i++) {
+        unsigned long long cand = align_up(pos, align);
+        unsigned long long limit = i < nblocks ? blocks[i].off : file_size;
+        if (cand + size <= limit) { pos = cand; break; }
+        if (i < nblocks) pos = blocks[i].off + blocks[i].size;
+    }
+    if (i > nblocks) return ~0ull;
+    blocks = grow(blocks, &cap_blocks, nblocks + 1, sizeof *blocks);
+    memmove(blocks + i + 1, blocks + i, (nblocks - i) * sizeof *blocks);
+    blocks[i] = (block_t){pos, size, kind, 0, 0};
+    nblocks++;
+    used_memory += size;
+    return pos;
+}
+
+static void drop_block(size_t i) {
+    block_t b = blocks[i];
+    used_memory -= b.size;
+    /* Give the pages back (partial pages are zeroed, their neighbours kept). */
+    fallocate(mem_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)b.off, (off_t)b.size);
+    memmove(blocks + i, blocks + i + 1, (nblocks - i - 1) * sizeof *blocks);
+    nblocks--;
+}
+
+static long find_block(unsigned long long off, int kind) {
+    for (size_t i = 0; i < nblocks; i++)
+        if (blocks[i].off == off && blocks[i].kind == kind) return (long)i;
+    return -1;
+}
+
+/* The cuMemAlloc block holding [p, p+n), or -1. */
+static long heap_block_of(unsigned long long p, unsigned long long n) {
+    unsigned long long h = (unsigned long long)heap;
+    if (p < h || p + n > h + file_size) return -1;
+    unsigned long long off = p - h;
+    for (size_t i = 0; i < nblocks; i++)
+        if (blocks[i].kind == 1 && blocks[i].off <= off && off + n <= blocks[i].off + blocks[i].size)
+            return (long)i;
+    return -1;
+}
+
+static int in_ranges(range_t *r, size_t n, unsigned long long p, unsigned long long len) {
+    for (size_t i = 0; i < n; i++)
+        if (r[i].start <= p && p + len <= r[i].start + r[i].size) return 1;
+    return 0;
+}
+
+static long mapping_at(unsigned long long p) {
+    for (size_t i = 0; i < nmaps; i++)
+        if (mappings[i].start <= p && p < mappings[i].start + mappings[i].size) return (long)i;
+    return -1;
+}
+
+/* Accessible mappings tile [p, p+n) with no gap. */
+static int mapped_accessible(unsigned long long p, unsigned long long n) {
+    while (n > 0) {
+        long i = mapping_at(p);
+        if (i < 0 || !mappings[i].accessible) return 0;
+        unsigned long long end = mappings[i].start + mappings[i].size;
+        unsigned long long step = end - p < n ? end - p : n;
+        p += step;
+        n -= step;
+    }
+    return 1;
+}
+
+static int device_range_ok(unsigned long long p, unsigned long long n) {
+    if (n == 0) return 1;
+    return heap_block_of(p, n) >= 0 || mapped_accessible(p, n) || in_ranges(host_ranges, nhost, p, n)
+        || in_ranges(ipc_ranges, nipc, p, n);
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* ------------------------------------------------------------------ init, devices */
+CUresult cuInit(unsigned int flags) {
+    (void)flags;
+    pthread_mutex_lock(&lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (!initialized) {
+        const char *env = getenv("NUMBA_BFC_FAKE_CUDA_MEMORY");
+        total_memory = env ? strtoull(env, NULL, 0) : (4ull << 30);
+        total_memory = align_up(total_memory, GRANULE);
+        file_size = 2 * total_memory;  /* room for alignment padding; sparse */
+        mem_fd = memfd_create("numba_bfc_fake_cuda_device", 0);
+        if (mem_fd < 0 || ftruncate(mem_fd, (off_t)file_size) != 0) rc = CUDA_ERROR_OUT_OF_MEMORY;
+        if (rc == CUDA_SUCCESS) {
+            heap = mmap(NULL, file_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+                        mem_fd, 0);
+            if (heap == MAP_FAILED) rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        if (rc == CUDA_SUCCESS) initialized = 1;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+CUresult cuDriverGetVersion(int *v) { *v = DRIVER_VERSION; return CUDA_SUCCESS; }
+
+CUresult cuDeviceGetCount(int *count) {
+    if (ensure_init()) return CUDA_ERROR_NOT_INITIALIZED;
+    *count = 1;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+    if (ensure_init()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "numba_bfc fake CUDA device");
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    memcpy(uuid->bytes, "numba_bfc_fake_0", 16);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = total_memory;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int *value, int attr, CUdevice dev) {
+    if (ensure_init()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    switch (attr) {  /* an H100's answers where they matter */
+    case 75: *value = 9; break;            /* COMPUTE_CAPABILITY_MAJOR */
+    case 76: *value = 0; break;            /* COMPUTE_CAPABILITY_MINOR */
+    case 1: *value = 1024; break;          /* MAX_THREADS_PER_BLOCK */
+    case 2: *value = 1024; break;          /* MAX_BLOCK_DIM_X */
+    case 3: case 4: *value = 1024; break;  /* MAX_BLOCK_DIM_Y/Z */
+    case 5: *value = 2147483647; break;    /* MAX_GRID_DIM_X */
+    case 6: case 7: *value = 65535; break;
+    case 8: *value = 49152; break;         /* MAX_SHARED_MEMORY_PER_BLOCK */
+    case 10: *value = 32; break;           /* WARP_SIZE */
+    case 16: *value = 132; break;          /* MULTIPROCESSOR_COUNT */
+    case 33: *value = 1; break;            /* PCI_BUS_ID */
+    case 34: *value = 0; break;            /* PCI_DEVICE_ID */
+    case 50: *value = 0; break;            /* PCI_DOMAIN_ID */
+    case 18: *value = 0; break;            /* INTEGRATED */
+    case 19: case 41: case 83: case 89: case 102: case 103: *value = 1; break;
+    case 115: *value = 0; break;           /* MEMORY_POOLS_SUPPORTED: not emulated */
+    default: *value = 0;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *major = 9;
+    *minor = 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(bus, (size_t)len, "0000:01:00.0");
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ contexts */
+static void free_everything(void) {
+    /* A destroyed context takes its memory with it, as on a real device. */
+    for (size_t i = nblocks; i-- > 0;)
+        if (blocks[i].kind == 1) drop_block(i);
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+    if (ensure_init()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    primary.retained++;
+    primary.alive = 1;
+    pthread_mutex_unlock(&lock);
+    *ctx = &primary;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    CUresult rc = CUDA_SUCCESS;
+    /* After cuDevicePrimaryCtxReset the driver ignores releases it has no
+       retain for (numba-cuda's cuda.close() relies on it: it releases once per
+       close while cuda.core retains once per device object). */
+    if (primary.retained <= 0) rc = primary.reset ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    else if (--primary.retained == 0) { primary.alive = 0; free_everything(); }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    free_everything();
+    primary.reset = 1;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *flags = 0;
+    *active = primary.alive;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
+    (void)flags;
+    return dev == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *ctx) {
+    if (ensure_init()) return CUDA_ERROR_NOT_INITIALIZED;
+    *ctx = ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+    if (ensure_init()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx == NULL) {
+        if (ctx_depth) ctx_depth--;
+    } else if (ctx_depth) {
+        ctx_stack[ctx_depth - 1] = ctx;
+    } else {
+        ctx_stack[ctx_depth++] = ctx;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent(CUcontext ctx) {
+    if (ensure_init()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx == NULL || ctx_depth == 64) return CUDA_ERROR_INVALID_VALUE;
+    ctx_stack[ctx_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent(CUcontext *ctx) {
+    if (ensure_init()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext top = ctx_stack[--ctx_depth];
+    if (ctx) *ctx = top;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *dev) {
+    CUresult rc = need_context();
+    if (rc) return rc;
+    *dev = 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize(void) { return need_context(); }
+
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
+    (void)ctx;
+    *version = 3020;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
+    if (ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    *id = 1;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetFlags(unsigned int *flags) {
+    *flags = 0;
+    return need_context();
+}
+
+/* ------------------------------------------------------------------ plain device memory */
+CUresult cuMemGetInfo(size_t *free_bytes, size_t *total) {
+    CUresult rc = need_context();
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    *free_bytes = total_memory - used_memory;
+    *total = total_memory;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAlloc(CUdeviceptr *dptr, size_t size) {
+    CUresult rc = need_context();
+    if (rc) return rc;
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    /* The real driver aligns large allocations to 2 MiB, small ones to 512 B. */
+    unsigned long long off = take_file_range(size, size >= GRANULE ? GRANULE : 512, 1);
+    pthread_mutex_unlock(&lock);
+    if (off == ~0ull) return CUDA_ERROR_OUT_OF_MEMORY;
+    *dptr = (CUdeviceptr)(heap + off);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
+    (void)flags;
+    return cuMemAlloc(dptr, size);
+}
+
+CUresult cuMemFree(CUdeviceptr dptr) {
+    /* No current context needed: the address names it (unified addressing).
+       Numba frees this way after popping every context in cuda.close(). */
+    CUresult rc = ensure_init();
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    long i = -1;
+    if (dptr >= (CUdeviceptr)heap && dptr < (CUdeviceptr)heap + file_size)
+        i = find_block(dptr - (CUdeviceptr)heap, 1);
+    if (i >= 0) drop_block((size_t)i);
+    pthread_mutex_unlock(&lock);
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr dptr) {
+    CUresult rc = need_context();
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    long i = heap_block_of(dptr, 1);
+    long m = i < 0 ? mapping_at(dptr) : -1;
+    if (i >= 0) {
+        if (base) *base = (CUdeviceptr)heap + blocks[i].off;
+        if (size) *size = blocks[i].size;
+    } else if (m >= 0) {
+        if (base) *base = mappings[m].start;
+        if (size) *size = mappings[m].size;
+    }
+    pthread_mutex_unlock(&lock);
+    return i >= 0 || m >= 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+/* ------------------------------------------------------------------ copies and memsets */
+static CUresult copy(void *dst, const void *src, size_t n, int dst_dev, int src_dev) {
+    CUresult rc = need_context();
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    int ok = (!dst_dev || device_range_ok((unsigned long long)dst, n))
+          && (!src_dev || device_range_ok((unsigned long long)src, n));
+    pthread_mutex_unlock(&lock);
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    memmove(dst, src, n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
+    return copy((void *)dst, src, n, 1, 0);
+}
+CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
+    return copy(dst, (const void *)src, n, 0, 1);
+}
+CUresult cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    return copy((void *)dst, (const void *)src, n, 1, 1);
+}
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    return copy((void *)dst, (const void *)src, n, 1, 1);
+}
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    (void)s;
+    return cuMemcpyHtoD(dst, src, n);
+}
+CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    (void)s;
+    return cuMemcpyDtoH(dst, src, n);
+}
+CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    (void)s;
+    return cuMemcpyDtoD(dst, src, n);
+}
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    (void)s;
+    return cuMemcpy(dst, src, n);
+}
+
+static CUresult fill(CUdeviceptr dst, unsigned int value, size_t count, size_t width) {
+    CUresult rc = need_context();
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    int ok = device_range_ok(dst, count * width);
+    pthread_mutex_unlock(&lock);
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) memcpy((char *)dst + i * width, &value, width);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n) { return fill(d, v, n, 1); }
+CUresult cuMemsetD16(CUdeviceptr d, unsigned short v, size_t n) { return fill(d, v, n, 2); }
+CUresult cuMemsetD32(CUdeviceptr d, unsigned int v, size_t n) { return fill(d, v, n, 4); }
+CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
+    (void)s;
+    return fill(d, v, n, 1);
+}
+CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) {
+    (void)s;
+    return fill(d, v, n, 2);
+}
+CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) {
+    (void)s;
+    return fill(d, v, n, 4);
+}
+
+/* ------------------------------------------------------------------ host memory */
+static void add_range(range_t **r, size_t *n, size_t *cap, unsigned long long p,
+                      unsigned long long size) {
+    *r = grow(*r, cap, *n + 1, sizeof **r);
+    (*r)[(*n)++] = (range_t){p, size};
+}
+
+static int remove_range(range_t *r, size_t *n, unsigned long long p) {
+    for (size_t i = 0; i < *n; i++)
+        if (r[i].start == p) {
+            r[i] = r[--*n];
+            return 1;
+        }
+    return 0;
+}
+
+CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
+    (void)flags;
+    CUresult rc = need_context();
+    if (rc) return rc;
+    void *p = NULL;
+    if (posix_memalign(&p, PAGE, size ? size : 1)) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    add_range(&host_ranges, &nhost, &cap_host, (unsigned long long)p, size);
+    pthread_mutex_unlock(&lock);
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemFreeHost(void *p) {
+    pthread_mutex_lock(&lock);
+    int ok = remove_range(host_ranges, &nhost, (unsigned long long)p);
+    pthread_mutex_unlock(&lock);
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostRegister(void *p, size_t size, unsigned int flags) {
+    (void)flags;
+    pthread_mutex_lock(&lock);
+    add_range(&host_ranges, &nhost, &cap_host, (unsigned long long)p, size);
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostUnregister(void *p) {
+    pthread_mutex_lock(&lock);
+    int ok = remove_range(host_ranges, &nhost, (unsigned long long)p);
+    pthread_mutex_unlock(&lock);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemHostGetDevicePointer(CUdeviceptr *dptr, void *p, unsigned int flags) {
+    (void)flags;
+    *dptr = (CUdeviceptr)p;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ IPC */
+#define IPC_MAGIC "numba_bfc_fake"
+typedef struct {
+    char magic[16];
+    int pid, fd;
+    unsigned long long off, size;
+} ipc_payload_t;
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) {
+    CUresult rc = need_context();
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    long i = -1;
+    if (dptr >= (CUdeviceptr)heap && dptr < (CUdeviceptr)heap + file_size)
+        i = find_block(dptr - (CUdeviceptr)heap, 1);  /* only an allocation's base */
+    ipc_payload_t pl = {IPC_MAGIC, getpid(), mem_fd, 0, 0};
+    if (i >= 0) { pl.off = blocks[i].off; pl.size = blocks[i].size; }
+    pthread_mutex_unlock(&lock);
+    if (i < 0) return CUDA_ERROR_INVALID_VALUE;
+    memset(handle, 0, sizeof *handle);
+    memcpy(handle->reserved, &pl, sizeof pl);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle handle, unsigned int flags) {
+    (void)flags;
+    CUresult rc = need_context();
+    if (rc) return rc;
+    ipc_payload_t pl;
+    memcpy(&pl, handle.reserved, sizeof pl);
+    if (memcmp(pl.magic, IPC_MAGIC, sizeof IPC_MAGIC) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (pl.pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT;  /* as the driver: not in-process */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", pl.pid, pl.fd);
+    int fd = open(path, O_RDWR);
+    if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;
+    unsigned long long start = pl.off / PAGE * PAGE, delta = pl.off - start;
+    char *p = mmap(NULL, pl.size + delta, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
+    close(fd);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    add_range(&ipc_ranges, &nipc, &cap_ipc, (unsigned long long)(p + delta), pl.size);
+    pthread_mutex_unlock(&lock);
+    *dptr = (CUdeviceptr)(p + delta);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    pthread_mutex_lock(&lock);
+    unsigned long long size = 0;
+    for (size_t i = 0; i < nipc; i++)
+        if (ipc_ranges[i].start == dptr) size = ipc_ranges[i].size;
+    int ok = remove_range(ipc_ranges, &nipc, dptr);
+    pthread_mutex_unlock(&lock);
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long start = dptr / PAGE * PAGE;
+    munmap((void *)start, size + (dptr - start));
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ streams, events */
+CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
+    CUresult rc = need_context();
+    if (rc) return rc;
+    *s = malloc(sizeof **s);
+    (*s)->flags = (int)flags;
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int priority) {
+    (void)priority;
+    return cuStreamCreate(s, flags);
+}
+CUresult cuStreamDestroy(CUstream s) { free(s); return CUDA_SUCCESS; }
+CUresult cuStreamSynchronize(CUstream s) { (void)s; return need_context(); }
+CUresult cuStreamQuery(CUstream s) { (void)s; return need_context(); }
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+    (void)s; (void)e; (void)flags;
+    return need_context();
+}
+CUresult cuStreamGetFlags(CUstream s, unsigned int *flags) {
+    *flags = s ? (unsigned int)s->flags : 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventCreate(CUevent *e, unsigned int flags) {
+    (void)flags;
+    CUresult rc = need_context();
+    if (rc) return rc;
+    *e = calloc(1, sizeof **e);
+    return CUDA_SUCCESS;
+}
+CUresult cuEventDestroy(CUevent e) { free(e); return CUDA_SUCCESS; }
+CUresult cuEventRecord(CUevent e, CUstream s) {
+    (void)s;
+    e->when = now_ms();
+    e->recorded = 1;
+    return CUDA_SUCCESS;
+}
+CUresult cuEventSynchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }
+CUresult cuEventQuery(CUevent e) { (void)e; return CUDA_SUCCESS; }
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
+    if (!start->recorded || !end->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    *ms = (float)(end->when - start->when);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ virtual memory */
+CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option) {
+    if (prop == NULL || prop->type != 1 || prop->location.type != 1 || prop->location.id != 0
+        || (option != 0 && option != 1))
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = GRANULE;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+    (void)addr;
+    if (ensure_init()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (size == 0 || size % GRANULE || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (alignment == 0) alignment = GRANULE;
+    char *p = mmap(NULL, size + alignment, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    unsigned long long start = align_up((unsigned long long)p, alignment);
+    if (start > (unsigned long long)p) munmap(p, start - (unsigned long long)p);
+    unsigned long long end = (unsigned long long)p + size + alignment;
+    if (end > start + size) munmap((void *)(start + size), end - start - size);
+    pthread_mutex_lock(&lock);
+    add_range(&reservations, &nres, &cap_res, start, size);
+    pthread_mutex_unlock(&lock);
+    *ptr = start;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    pthread_mutex_lock(&lock);
+    CUresult rc = CUDA_SUCCESS;
+    long r = -1;
+    for (size_t i = 0; i < nres; i++)
+        if (reservations[i].start == ptr && reservations[i].size == size) r = (long)i;
+    if (r < 0) rc = CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < nmaps; i++)
+        if (mappings[i].start >= ptr && mappings[i].start < ptr + size) rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) remove_range(reservations, &nres, ptr);
+    pthread_mutex_unlock(&lock);
+    if (rc == CUDA_SUCCESS) munmap((void *)ptr, size);
+    return rc;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags) {
+    CUresult rc = ensure_init();  /* the location is in prop: no context needed */
+    if (rc) return rc;
+    if (prop == NULL || prop->type != 1 || prop->location.type != 1 || prop->location.id != 0
+        || flags != 0 || size == 0 || size % GRANULE)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    unsigned long long off = take_file_range(size, GRANULE, 2);
+    pthread_mutex_unlock(&lock);
+    if (off == ~0ull) return CUDA_ERROR_OUT_OF_MEMORY;
+    *handle = off + GRANULE;  /* never 0 */
+    return CUDA_SUCCESS;
+}
+
+static long handle_block(CUmemGenericAllocationHandle h) {
+    return h < GRANULE ? -1 : find_block(h - GRANULE, 2);
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    pthread_mutex_lock(&lock);
+    long i = handle_block(h);
+    CUresult rc = CUDA_SUCCESS;
+    if (i < 0 || blocks[i].released) rc = CUDA_ERROR_INVALID_VALUE;
+    else if (blocks[i].maps == 0) drop_block((size_t)i);
+    else blocks[i].released = 1;  /* freed when its last mapping goes, as CUDA does */
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                  unsigned long long flags) {
+    CUresult rc = ensure_init();
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    long i = handle_block(h);
+    if (i < 0 || blocks[i].released || flags != 0 || ptr % GRANULE || size % GRANULE
+        || offset % GRANULE || offset + size > blocks[i].size
+        || !in_ranges(reservations, nres, ptr, size))
+        rc = CUDA_ERROR_INVALID_VALUE;
+    for (size_t m = 0; rc == CUDA_SUCCESS && m < nmaps; m++)
+        if (mappings[m].start < ptr + size && ptr < mappings[m].start + mappings[m].size)
+            rc = CUDA_ERROR_ALREADY_MAPPED;
+    if (rc == CUDA_SUCCESS) {
+        void *p = mmap((void *)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, mem_fd,
+                       (off_t)(blocks[i].off + offset));
+        if (p == MAP_FAILED) rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc == CUDA_SUCCESS) {
+        mappings = grow(mappings, &cap_maps, nmaps + 1, sizeof *mappings);
+        mappings[nmaps++] = (mapping_t){ptr, size, blocks[i].off, 0};
+        blocks[i].maps++;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    CUresult rc = ensure_init();
+    if (rc) return rc;
+    if (count != 1 || desc[0].location.type != 1 || desc[0].location.id != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int prot = desc[0].flags == 3 ? PROT_READ | PROT_WRITE : desc[0].flags == 1 ? PROT_READ
+             : PROT_NONE;
+    pthread_mutex_lock(&lock);
+    /* The range must be tiled by whole mappings. */
+    unsigned long long p = ptr;
+    while (rc == CUDA_SUCCESS && p < ptr + size) {
+        long m = mapping_at(p);
+        if (m < 0 || mappings[m].start != p || p + mappings[m].size > ptr + size)
+            rc = CUDA_ERROR_INVALID_VALUE;
+        else p += mappings[m].size;
+    }
+    if (rc == CUDA_SUCCESS && size == 0) rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        mprotect((void *)ptr, size, prot);
+        for (p = ptr; p < ptr + size;) {
+            long m = mapping_at(p);
+            mappings[m].accessible = prot != PROT_NONE;
+            p += mappings[m].size;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    CUresult rc = ensure_init();
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    unsigned long long p = ptr;
+    while (rc == CUDA_SUCCESS && p < ptr + size) {
+        long m = mapping_at(p);
+        if (m < 0) rc = CUDA_ERROR_NOT_MAPPED;
+        else if (mappings[m].start != p || p + mappings[m].size > ptr + size)
+            rc = CUDA_ERROR_INVALID_VALUE;  /* part of a mapping */
+        else p += mappings[m].size;
+    }
+    if (rc == CUDA_SUCCESS && size == 0) rc = CUDA_ERROR_INVALID_VALUE;
+    while (rc == CUDA_SUCCESS && ptr < p) {
+        long m = mapping_at(ptr);
+        mapping_t mp = mappings[m];
+        mappings[m] = mappings[--nmaps];
+        /* Back to reserved address space. */
+        mmap((void *)mp.start, mp.size, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        for (size_t i = 0; i < nblocks; i++)
+            if (blocks[i].kind == 2 && blocks[i].off <= mp.handle_off
+                && mp.handle_off < blocks[i].off + blocks[i].size) {
+                if (--blocks[i].maps == 0 && blocks[i].released) drop_block(i);
+                break;
+            }
+        ptr = mp.start + mp.size;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ errors */
+CUresult cuGetErrorName(CUresult error, const char **s) {
+    (void)error;
+    *s = "CUDA_ERROR_FAKE";
+    return CUDA_SUCCESS;
+}
+CUresult cuGetErrorString(CUresult error, const char **s) {
+    (void)error;
+    *s = "an error of the numba_bfc fake CUDA driver";
+    return CUDA_SUCCESS;
+}
+
+/* Kernels cannot run here: module loading fails cleanly. */
+CUresult cuModuleLoadData(void **module, const void *image) {
+    (void)module; (void)image;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult cuLibraryLoadData(void **lib, const void *code, void *a, void *b, unsigned int c,
+                           void *d, void *e, unsigned int f) {
+    (void)lib; (void)code; (void)a; (void)b; (void)c; (void)d; (void)e; (void)f;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* ------------------------------------------------------------------ the lookup */
+/* Versioned exports under the names the real library has, for ctypes users. */
+#define ALIAS(name, target) __attribute__((alias(#target))) typeof(target) name;
+ALIAS(cuMemAlloc_v2, cuMemAlloc)
+ALIAS(cuMemFree_v2, cuMemFree)
+ALIAS(cuMemGetInfo_v2, cuMemGetInfo)
+ALIAS(cuMemGetAddressRange_v2, cuMemGetAddressRange)
+ALIAS(cuMemcpyHtoD_v2, cuMemcpyHtoD)
+ALIAS(cuMemcpyDtoH_v2, cuMemcpyDtoH)
+ALIAS(cuMemcpyDtoD_v2, cuMemcpyDtoD)
+ALIAS(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync)
+ALIAS(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync)
+ALIAS(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync)
+ALIAS(cuMemsetD8_v2, cuMemsetD8)
+ALIAS(cuMemsetD16_v2, cuMemsetD16)
+ALIAS(cuMemsetD32_v2, cuMemsetD32)
+ALIAS(cuMemHostGetDevicePointer_v2, cuMemHostGetDevicePointer)
+ALIAS(cuMemHostRegister_v2, cuMemHostRegister)
+ALIAS(cuDeviceTotalMem_v2, cuDeviceTotalMem)
+ALIAS(cuDeviceGetUuid_v2, cuDeviceGetUuid)
+ALIAS(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease)
+ALIAS(cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxReset)
+ALIAS(cuDevicePrimaryCtxSetFlags_v2, cuDevicePrimaryCtxSetFlags)
+ALIAS(cuCtxPushCurrent_v2, cuCtxPushCurrent)
+ALIAS(cuCtxPopCurrent_v2, cuCtxPopCurrent)
+ALIAS(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle)
+ALIAS(cuStreamDestroy_v2, cuStreamDestroy)
+ALIAS(cuEventDestroy_v2, cuEventDestroy)
+ALIAS(cuEventElapsedTime_v2, cuEventElapsedTime)
+
+typedef int CUdriverProcAddressQueryResult;
+
+static void *self_handle(void) {
+    static void *h;
+    if (!h) {
+        Dl_info info;
+        if (dladdr((void *)cuInit, &info) && info.dli_fname)
+            h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    }
+    return h;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status) {
+    (void)version; (void)flags;
+    void *h = self_handle();
+    void *f = h ? dlsym(h, symbol) : NULL;
+    Dl_info mine, found;
+    /* Only this library's own functions, never one of a library it links. */
+    if (f && !(dladdr((void *)cuInit, &mine) && dladdr(f, &found)
+               && mine.dli_fbase == found.dli_fbase))
+        f = NULL;
+    *pfn = f;
+    if (status) *status = f ? 0 : 1;  /* CU_GET_PROC_ADDRESS_SUCCESS / SYMBOL_NOT_FOUND */
+    return f ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
