@@ -64,6 +64,7 @@ def rmm_context():
 MANAGERS = {
     "numba_bfc-bfc": lambda: numba_bfc_context(policy="bfc", backend="plain"),
     "numba_bfc-caching": lambda: numba_bfc_context(policy="caching", backend="plain"),
+    "numba_bfc-compact": lambda: numba_bfc_context(policy="compact", backend="virtual"),
     "numba-default": default_numba_context,
     "rmm-pool": rmm_context,
 }
@@ -98,6 +99,20 @@ def test_device_array_cycles(benchmark, manager):
             for nbytes in SIZES:
                 a = cuda.device_array(nbytes, dtype=np.uint8)
                 del a
+
+    benchmark.extra_info["allocations_per_round"] = CYCLES_PER_ROUND * len(SIZES)
+    _run_rounds(benchmark, cycles, rounds=30)
+
+
+@pytest.mark.benchmark(group="memalloc-free-4KiB-64MiB")
+def test_memalloc_cycles(benchmark, manager):
+    """The memory manager alone: ``Context.memalloc`` then drop the pointer (no array)."""
+
+    def cycles():
+        for _ in range(CYCLES_PER_ROUND):
+            for nbytes in SIZES:
+                p = manager.memalloc(nbytes)
+                del p
 
     benchmark.extra_info["allocations_per_round"] = CYCLES_PER_ROUND * len(SIZES)
     _run_rounds(benchmark, cycles, rounds=30)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("fake_libcuda.c")
 ENV = "NUMBA_BFC_FAKE_CUDA"
+_loaded: ctypes.CDLL | None = None
 
 
 class FakeCudaUnavailable(RuntimeError):
@@ -57,7 +58,8 @@ def build() -> Path:
 
 
 def preload() -> ctypes.CDLL:
-    """Build and load the fake driver as ``libcuda.so.1``, before numba-cuda is imported.
+    """Build and load the fake driver as ``libcuda.so.1``, before numba-cuda is imported
+    (idempotent).
 
     Raises
     ------
@@ -65,8 +67,12 @@ def preload() -> ctypes.CDLL:
         No compiler, or numba-cuda's driver module was imported already (it
         looks for the driver once, at import).
     """
+    global _loaded
+    if _loaded is not None:
+        return _loaded
     if "numba.cuda.cudadrv.driver" in sys.modules:
         raise FakeCudaUnavailable(
             "numba.cuda was imported before the fake CUDA driver was loaded; run the GPU "
             "tests in their own process (NUMBA_BFC_FAKE_CUDA=1 python -m pytest tests/gpu)")
-    return ctypes.CDLL(str(build()), mode=ctypes.RTLD_GLOBAL)
+    _loaded = ctypes.CDLL(str(build()), mode=ctypes.RTLD_GLOBAL)
+    return _loaded
