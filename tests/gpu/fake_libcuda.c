@@ -303,6 +303,8 @@ CUresult cuDeviceGetAttribute(int *value, int attr, CUdevice dev) {
     case 34: *value = 0; break;            /* PCI_DEVICE_ID */
     case 50: *value = 0; break;            /* PCI_DOMAIN_ID */
     case 18: *value = 0; break;            /* INTEGRATED */
+    /* CAN_MAP_HOST_MEMORY, UNIFIED_ADDRESSING, MANAGED_MEMORY, CONCURRENT_MANAGED_ACCESS,
+       VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
     case 19: case 41: case 83: case 89: case 102: case 103: *value = 1; break;
     case 115: *value = 0; break;           /* MEMORY_POOLS_SUPPORTED: not emulated */
     default: *value = 0;
@@ -579,28 +581,6 @@ static int remove_range(range_t *r, size_t *n, unsigned long long p) {
     return 0;
 }
 
-CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
-    (void)flags;
-    CUresult rc = need_context();
-    if (rc) return rc;
-    void *p = NULL;
-    if (posix_memalign(&p, PAGE, size ? size : 1)) return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&lock);
-    add_range(&host_ranges, &nhost, &cap_host, (unsigned long long)p, size);
-    pthread_mutex_unlock(&lock);
-    *pp = p;
-    return CUDA_SUCCESS;
-}
-
-CUresult cuMemFreeHost(void *p) {
-    pthread_mutex_lock(&lock);
-    int ok = remove_range(host_ranges, &nhost, (unsigned long long)p);
-    pthread_mutex_unlock(&lock);
-    if (!ok) return CUDA_ERROR_INVALID_VALUE;
-    free(p);
-    return CUDA_SUCCESS;
-}
-
 CUresult cuMemHostRegister(void *p, size_t size, unsigned int flags) {
     (void)flags;
     pthread_mutex_lock(&lock);
@@ -614,6 +594,21 @@ CUresult cuMemHostUnregister(void *p) {
     int ok = remove_range(host_ranges, &nhost, (unsigned long long)p);
     pthread_mutex_unlock(&lock);
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
+    CUresult rc = need_context();
+    if (rc) return rc;
+    void *p = NULL;
+    if (posix_memalign(&p, PAGE, size ? size : 1)) return CUDA_ERROR_OUT_OF_MEMORY;
+    *pp = p;
+    return cuMemHostRegister(p, size, flags);
+}
+
+CUresult cuMemFreeHost(void *p) {
+    CUresult rc = cuMemHostUnregister(p);
+    if (rc == CUDA_SUCCESS) free(p);
+    return rc;
 }
 
 CUresult cuMemHostGetDevicePointer(CUdeviceptr *dptr, void *p, unsigned int flags) {
