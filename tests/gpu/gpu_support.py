@@ -24,11 +24,6 @@ if FAKE_DEVICE:
 from numba_bfc.backends.cuda import cuda_available  # noqa: E402
 
 
-def has_cuda_gpu() -> bool:
-    """numba-cuda, a driver and a GPU (real, or the fake driver)."""
-    return cuda_available()
-
-
 def can_launch_kernels() -> bool:
     """A real GPU and NVVM, so that Numba kernels compile and run."""
     if FAKE_DEVICE or not HAS_GPU:
@@ -38,7 +33,8 @@ def can_launch_kernels() -> bool:
     return bool(cuda.is_available())
 
 
-HAS_GPU = has_cuda_gpu()
+#: numba-cuda, a driver and a GPU (real, or the fake driver).
+HAS_GPU = cuda_available()
 KERNELS = can_launch_kernels()
 #: Apply to every GPU test module: ``pytestmark = [pytest.mark.cuda, GPU_SKIP]``.
 GPU_SKIP = pytest.mark.skipif(
