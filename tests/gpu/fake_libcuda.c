@@ -73,7 +73,6 @@ enum {
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_INVALID_DEVICE = 101,
-    CUDA_ERROR_INVALID_IMAGE = 200,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_ALREADY_MAPPED = 208,
     CUDA_ERROR_NOT_MAPPED = 211,
@@ -114,8 +113,8 @@ typedef struct {
 static mapping_t *mappings;
 static size_t nmaps, cap_maps;
 
-struct fake_context { int device; int retained; int alive; int reset; };
-static struct fake_context primary = {0, 0, 0, 0};
+struct fake_context { int retained; int alive; int reset; };
+static struct fake_context primary = {0, 0, 0};
 static __thread CUcontext ctx_stack[64];
 static __thread int ctx_depth;
 struct fake_stream { int flags; };
