@@ -71,6 +71,8 @@ _LAZY = {
     "use_numba_bfc": "numba_bfc.integrations.numba_emm",
     "current_manager": "numba_bfc.integrations.numba_emm",
     "current_allocator": "numba_bfc.integrations.numba_emm",
+    "record_stream": "numba_bfc.integrations.numba_emm",
+    "empty_cache": "numba_bfc.integrations.numba_emm",
     "_numba_memory_manager": "numba_bfc.integrations.numba_emm",
     "cupy_allocator": "numba_bfc.integrations.cupy",
 }

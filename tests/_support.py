@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 
 def batch_program(program):
     """``(is_alloc, size, pick)`` triples -> ``(ops, ids, sizes)`` lists of a valid batch:
@@ -79,3 +81,46 @@ def pointer_step(a, live, freed, op, stray_step=256):
             a.deallocate_raw(target)
         return True, "ok"
     return False, None
+
+
+def fake_cupy(stream_ptr: int = 0) -> types.ModuleType:
+    """Just the CuPy API ``cupy_allocator`` uses, with a stream of handle
+    ``stream_ptr`` current (CuPy itself needs a GPU's runtime library)."""
+
+    class UnownedMemory:
+        def __init__(self, ptr, size, owner, device_id=None):
+            self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
+
+    class MemoryPointer:
+        def __init__(self, mem, offset):
+            self.mem, self.ptr = mem, mem.ptr + offset
+
+    module = types.ModuleType("cupy")
+    module.cuda = types.SimpleNamespace(
+        UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer,
+        runtime=types.SimpleNamespace(getDevice=lambda: 0),
+        get_current_stream=lambda: types.SimpleNamespace(ptr=stream_ptr))
+    return module
+
+
+MiB = 1 << 20
+
+
+def make_manager(capacity: int = 64 * MiB, contiguous: bool = False, granularity: int = 1,
+                 **options):
+    """A ``NumbaBFCMemoryManager`` over a simulated backend of ``capacity`` bytes
+    (also its memory limit unless given), with a fake context, initialized."""
+    from numba_bfc.backends import VirtualSubAllocator
+    from numba_bfc.integrations.numba_emm import NumbaBFCMemoryManager
+
+    backend = VirtualSubAllocator(capacity=capacity, contiguous=contiguous,
+                                  granularity=granularity)
+    options.setdefault("memory_limit", capacity)
+    mgr = NumbaBFCMemoryManager(context=FakeContext(), backend=backend, **options)
+    mgr.initialize()
+    return mgr
+
+
+def addr(mp) -> int:
+    """The device address of a Numba ``MemoryPointer`` (0 for an empty one)."""
+    return int(mp.device_pointer_value or 0)

@@ -62,6 +62,7 @@ class FakeDriver:
         self.handles = {}  # physical: handle -> size
         self.mapped = SortedDict()  # addr -> (size, handle)
         self.accessible = set()
+        self.events = set()
         self.next_addr, self.next_handle = 1 << 36, 1
         self.fail_next = None
 
@@ -168,6 +169,34 @@ class FakeDriver:
 
     def cuCtxSynchronize(self):
         self._log("cuCtxSynchronize")
+
+    # Events: the work of this imaginary device is always done.
+    def cuEventCreate(self, flags):
+        self._log("cuEventCreate")
+        self._need_context()
+        self.next_handle += 1
+        self.events.add(self.next_handle)
+        return Handle(self.next_handle)
+
+    def cuEventRecord(self, event, stream):
+        self._log("cuEventRecord")
+        self._need_context()
+        assert int(event) in self.events
+
+    def cuEventQuery(self, event):
+        self._log("cuEventQuery")
+        assert int(event) in self.events
+
+    def cuEventSynchronize(self, event):
+        self._log("cuEventSynchronize")
+        assert int(event) in self.events
+
+    def cuEventDestroy(self, event):
+        self._log("cuEventDestroy")
+        self.events.remove(int(event))
+
+    def cuStreamGetFlags(self, stream):
+        return 0
 
 
 class FakeContext:
@@ -324,8 +353,10 @@ def test_plugin_over_cuda_backends(fake_driver, backend):
         mgr.memalloc(300 * MiB)
     check_invariants(mgr.allocator)
     mgr.reset()
-    # Everything went back to the driver, the virtual range included.
+    # Everything went back to the driver, the virtual range included, and the
+    # events that fenced the freed blocks were destroyed.
     assert fake_driver.used == 0 and fake_driver.allocs == {} and fake_driver.reserved == {}
+    assert fake_driver.calls.count("cuEventRecord") >= 1 and fake_driver.events == set()
     again = mgr.memalloc(MiB)  # a new backend after the reset
     assert mgr.backend is not None and int(again.device_pointer_value) != 0
     mgr.reset()

@@ -10,7 +10,7 @@ cuda = pytest.importorskip("numba.cuda")
 if not hasattr(cuda, "HostOnlyCUDAMemoryManager"):
     pytest.skip("the CUDA simulator has no EMM interface", allow_module_level=True)
 
-from _support import FakeContext  # noqa: E402
+from _support import FakeContext, addr  # noqa: E402
 
 from numba_bfc import CompactAllocator  # noqa: E402
 from numba_bfc.backends import VirtualSubAllocator  # noqa: E402
@@ -41,10 +41,6 @@ def make_manager(limit=32 * MiB, **options):
                                 memory_limit=limit, page_size=64 * KiB, **options)
     mgr.initialize()
     return mgr, made
-
-
-def addr(mp):
-    return int(mp.device_pointer_value or 0)
 
 
 def test_compact_gets_a_small_space_of_its_own():

@@ -20,7 +20,7 @@ cuda = pytest.importorskip("numba.cuda")
 if not hasattr(cuda, "HostOnlyCUDAMemoryManager"):
     pytest.skip("the CUDA simulator has no EMM interface", allow_module_level=True)
 
-from _support import FakeContext, FakeDevice  # noqa: E402
+from _support import FakeContext, FakeDevice, addr, fake_cupy, make_manager  # noqa: E402
 from numba.cuda.cudadrv import driver as drv  # noqa: E402
 
 from numba_bfc.backends import VirtualSubAllocator  # noqa: E402
@@ -40,19 +40,6 @@ from numba_bfc.integrations.numba_emm import (  # noqa: E402
 )
 
 MiB = 1 << 20
-
-
-def make_manager(capacity=64 * MiB, contiguous=False, granularity=1, **options):
-    backend = VirtualSubAllocator(capacity=capacity, contiguous=contiguous,
-                                  granularity=granularity)
-    options.setdefault("memory_limit", capacity)
-    mgr = NumbaBFCMemoryManager(context=FakeContext(), backend=backend, **options)
-    mgr.initialize()
-    return mgr
-
-
-def addr(mp):
-    return int(mp.device_pointer_value or 0)
 
 
 @pytest.fixture
@@ -302,23 +289,6 @@ def test_current_allocator_follows_numba_current_context(monkeypatch):
         current_allocator()
 
 
-def _fake_cupy():
-    """Just the CuPy API ``cupy_allocator`` uses."""
-
-    class UnownedMemory:
-        def __init__(self, ptr, size, owner, device_id=None):
-            self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
-
-    class MemoryPointer:
-        def __init__(self, mem, offset):
-            self.mem, self.ptr = mem, mem.ptr + offset
-
-    runtime = types.SimpleNamespace(getDevice=lambda: 0)
-    cuda_ns = types.SimpleNamespace(UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer,
-                                    runtime=runtime)
-    return types.SimpleNamespace(cuda=cuda_ns)
-
-
 def test_cupy_allocator_draws_from_the_numba_pool(monkeypatch):
     from numba_bfc.integrations.cupy import cupy_allocator
 
@@ -326,7 +296,7 @@ def test_cupy_allocator_draws_from_the_numba_pool(monkeypatch):
     ctx = mgr.context
     ctx.memory_manager = mgr
     monkeypatch.setattr(cuda, "current_context", lambda devnum=None: ctx)
-    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy())
     numba_block = mgr.memalloc(4096)
     cp_ptr = cupy_allocator(10000)
     assert cp_ptr.mem.device_id == 0 and cp_ptr.mem.size == 10000

@@ -47,10 +47,14 @@ def _env(**extra):
     return env
 
 
-_DRIVER_PROBE = r"""
+# Every probe: the fake driver loaded, cuda-bindings, and helpers that unwrap a
+# call's result or name its error.
+_PROBE_START = r"""
+import ctypes
 import json
+import threading
 import fake_cuda
-fake_cuda.preload()
+lib = fake_cuda.preload()
 from cuda.bindings import driver as d
 
 R = d.CUresult
@@ -62,7 +66,9 @@ def ok(res):
 
 def code(res):
     return (res[0] if isinstance(res, tuple) else res).name
+"""
 
+_DRIVER_PROBE = _PROBE_START + r"""
 MiB = 1 << 20
 ok(d.cuInit(0))
 out["alloc_without_context"] = code(d.cuMemAlloc(4096))
@@ -154,6 +160,298 @@ def test_fake_driver_refuses_what_a_driver_refuses():
         "all_back": True,
         "unmap_unmapped": "CUDA_ERROR_NOT_MAPPED",
     }
+
+
+# The probes below watch the device's bytes without forcing any queued work: an
+# async copy into pageable host memory returns done, and on a non-blocking
+# stream it waits for nothing but that stream.
+_PROBE_COMMON = _PROBE_START + r"""
+lib.numba_bfc_fake_counters.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_int]
+lib.numba_bfc_fake_set_event_delay.argtypes = [ctypes.c_int]
+NAMES = ["live_events", "live_streams", "pending_ops", "executed_ops", "illegal_accesses",
+         "events_recorded", "event_queries", "event_synchronizes"]
+LEGACY, PER_THREAD = 1, 2
+A, B = 0xAA, 0xBB
+N = 256
+
+def counters():
+    buf = (ctypes.c_longlong * 8)()
+    assert lib.numba_bfc_fake_counters(buf, 8) == 8
+    return dict(zip(NAMES, buf))
+
+ok(d.cuInit(0))
+ctx = ok(d.cuDevicePrimaryCtxRetain(ok(d.cuDeviceGet(0))))
+ok(d.cuCtxPushCurrent(ctx))
+p = ok(d.cuMemAlloc(N))
+peek_stream = ok(d.cuStreamCreate(1))  # CU_STREAM_NON_BLOCKING
+
+def peek():
+    buf = bytearray(N)
+    ok(d.cuMemcpyDtoHAsync(buf, p, N, peek_stream))
+    assert len(set(buf)) == 1, buf
+    return buf[0]
+
+def reset():
+    ok(d.cuCtxSynchronize())
+    ok(d.cuMemcpyHtoD(p, bytes(N), N))
+
+def in_thread(fn):
+    errors = []
+    def body():
+        try:
+            ok(d.cuCtxSetCurrent(ctx))
+            fn()
+        except BaseException as e:
+            errors.append(repr(e))
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert not errors, errors
+"""
+
+_STREAM_PROBE = _PROBE_COMMON + r"""
+out["delay_from_env"] = lib.numba_bfc_fake_set_event_delay(0)
+start = counters()
+s1, s2 = ok(d.cuStreamCreate(0)), ok(d.cuStreamCreate(0))
+n1, n2 = ok(d.cuStreamCreate(1)), ok(d.cuStreamCreate(1))
+e = ok(d.cuEventCreate(0))
+
+# Two blocking streams are not ordered with each other.
+reset()
+ok(d.cuMemsetD8Async(p, A, N, s1))
+ok(d.cuMemcpyHtoDAsync(p, bytes([B]) * N, N, s2))
+r = [peek()]
+ok(d.cuStreamSynchronize(s2))
+r.append(peek())
+ok(d.cuStreamSynchronize(s1))
+out["two_blocking_streams"] = r + [peek()]
+
+# A synchronous copy is on the legacy stream, which waits for blocking streams...
+reset()
+ok(d.cuMemsetD8Async(p, A, N, s1))
+ok(d.cuMemcpyHtoD(p, bytes([B]) * N, N))
+ok(d.cuStreamSynchronize(s1))
+out["sync_copy_after_blocking_memset"] = peek()
+
+# ... and not for non-blocking ones.
+reset()
+ok(d.cuMemsetD8Async(p, A, N, n1))
+ok(d.cuMemcpyHtoD(p, bytes([B]) * N, N))
+r = [peek()]
+ok(d.cuStreamSynchronize(n1))
+out["sync_copy_before_non_blocking_memset"] = r + [peek()]
+
+# A legacy event after a blocking stream's memset, NOT_READY twice first.
+reset()
+out["delay_was"] = lib.numba_bfc_fake_set_event_delay(2)
+ok(d.cuMemsetD8Async(p, A, N, s1))
+ok(d.cuEventRecord(e, LEGACY))
+r = [code(d.cuEventQuery(e)), code(d.cuEventQuery(e)), peek(), code(d.cuEventQuery(e)), peek()]
+back = bytearray(N)
+ok(d.cuMemcpyDtoH(back, p, N))
+out["legacy_event_with_delay"] = r + [back[0]]
+# The delay holds for an event with no work before it, and for stream queries.
+idle = ok(d.cuEventCreate(0))
+ok(d.cuEventRecord(idle, n2))
+out["idle_event_with_delay"] = [code(d.cuEventQuery(idle)) for _ in range(3)]
+ok(d.cuMemsetD8Async(p, B, N, s2))
+out["stream_query_with_delay"] = [code(d.cuStreamQuery(s2)) for _ in range(3)] + [peek()]
+out["delay_back"] = lib.numba_bfc_fake_set_event_delay(0)
+
+# A legacy event does not wait for a non-blocking stream.
+reset()
+ok(d.cuMemsetD8Async(p, A, N, n1))
+ok(d.cuEventRecord(e, 0))
+r = [code(d.cuEventQuery(e)), peek()]
+ok(d.cuStreamSynchronize(n1))
+out["legacy_event_skips_non_blocking"] = r + [peek()]
+
+# cuStreamWaitEvent: without it n2's copy runs alone; with it, after n1's memset.
+reset()
+ok(d.cuMemsetD8Async(p, A, N, n1))
+ok(d.cuMemcpyHtoDAsync(p, bytes([B]) * N, N, n2))
+ok(d.cuStreamSynchronize(n2))
+ok(d.cuStreamSynchronize(n1))
+r = [peek()]
+reset()
+ok(d.cuMemsetD8Async(p, A, N, n1))
+ok(d.cuEventRecord(e, n1))
+ok(d.cuStreamWaitEvent(n2, e, 0))
+ok(d.cuMemcpyHtoDAsync(p, bytes([B]) * N, N, n2))
+ok(d.cuStreamSynchronize(n2))
+r.append(peek())
+ok(d.cuStreamSynchronize(n1))
+out["wait_event"] = r + [peek()]
+
+# The per-thread default stream is blocking: a legacy event waits for it...
+reset()
+ok(d.cuMemsetD8Async(p, A, N, PER_THREAD))
+ok(d.cuEventRecord(e, LEGACY))
+ok(d.cuEventSynchronize(e))
+r = [peek()]
+# ... but another thread's per-thread stream is another stream.
+reset()
+ok(d.cuMemsetD8Async(p, A, N, PER_THREAD))
+def other():
+    ok(d.cuMemsetD8Async(p, B, N, PER_THREAD))
+    ok(d.cuStreamSynchronize(PER_THREAD))
+in_thread(other)
+r.append(peek())
+ok(d.cuStreamSynchronize(PER_THREAD))
+out["per_thread_stream"] = r + [peek()]
+
+# An async copy to pageable host memory returns done; to pinned memory, not.
+reset()
+ok(d.cuMemsetD8Async(p, A, N, s1))
+pageable = bytearray(N)
+ok(d.cuMemcpyDtoHAsync(pageable, p, N, s1))
+hp = ok(d.cuMemHostAlloc(N, 0))
+ctypes.memset(hp, 0x11, N)
+ok(d.cuMemsetD8Async(p, B, N, s1))
+ok(d.cuMemcpyDtoHAsync(hp, p, N, s1))
+r = [pageable[0], ctypes.string_at(hp, N)[0]]
+ok(d.cuStreamSynchronize(s1))
+out["dtoh_async"] = r + [ctypes.string_at(hp, N)[0]]
+ok(d.cuMemFreeHost(hp))
+
+# A memset queued into a mapping that is unmapped before it runs.
+prop = d.CUmemAllocationProp()
+prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+prop.location.id = 0
+g = int(ok(d.cuMemGetAllocationGranularity(
+    prop, d.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM)))
+va = int(ok(d.cuMemAddressReserve(g, g, 0, 0)))
+h = ok(d.cuMemCreate(g, prop, 0))
+ok(d.cuMemMap(va, g, 0, h, 0))
+acc = d.CUmemAccessDesc()
+acc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+acc.location.id = 0
+acc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+ok(d.cuMemSetAccess(va, g, [acc], 1))
+illegal0 = counters()["illegal_accesses"]
+ok(d.cuMemsetD8Async(va, A, g, n1))
+ok(d.cuMemUnmap(va, g))
+out["unmapped_before_run"] = [code(d.cuStreamSynchronize(n1)),
+                              counters()["illegal_accesses"] - illegal0,
+                              code(d.cuStreamSynchronize(n1)), code(d.cuCtxSynchronize())]
+ok(d.cuMemRelease(h))
+ok(d.cuMemAddressFree(va, g))
+
+# The counters.
+c0 = counters()
+ev, st = ok(d.cuEventCreate(0)), ok(d.cuStreamCreate(0))
+ok(d.cuMemsetD8Async(p, A, N, st))
+ok(d.cuEventRecord(ev, st))
+ok(d.cuEventRecord(ev, st))
+code(d.cuEventQuery(ev))
+ok(d.cuEventSynchronize(ev))
+c1 = counters()
+ok(d.cuMemsetD8Async(p, B, N, st))
+c2 = counters()
+ok(d.cuCtxSynchronize())
+c3 = counters()
+ok(d.cuEventDestroy(ev))
+ok(d.cuStreamDestroy(st))
+c4 = counters()
+out["counters_delta"] = {k: c1[k] - c0[k] for k in NAMES}
+out["pending"] = [c2["pending_ops"], c3["pending_ops"]]
+for x in (e, idle):
+    ok(d.cuEventDestroy(x))
+for x in (s1, s2, n1, n2):
+    ok(d.cuStreamDestroy(x))
+end = counters()
+out["live_back_to_start"] = [[start[k], c4[k] - c0[k], end[k] - start[k]]
+                             for k in ("live_events", "live_streams")]
+print(json.dumps(out))
+"""
+
+# Run twice: as is, stream 0 is the legacy stream, shared by all threads; with
+# CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1, each thread's own.
+_PTDS_PROBE = _PROBE_COMMON + r"""
+lib.numba_bfc_fake_set_event_delay(0)
+ok(d.cuMemsetD8Async(p, A, N, 0))
+def other():
+    ok(d.cuMemsetD8Async(p, B, N, 0))
+    ok(d.cuStreamSynchronize(0))
+in_thread(other)
+r = [peek()]
+ok(d.cuStreamSynchronize(0))
+out["async_memsets_on_stream_0"] = r + [peek()]
+
+reset()
+ok(d.cuMemsetD8Async(p, A, N, 0))
+in_thread(lambda: ok(d.cuMemcpyHtoD(p, bytes([B]) * N, N)))
+r = [peek()]
+ok(d.cuStreamSynchronize(0))
+out["sync_copy_in_another_thread"] = r + [peek()]
+
+# Either way stream 0 is a blocking stream: the legacy stream waits for it.
+reset()
+ok(d.cuMemsetD8Async(p, A, N, 0))
+n1 = ok(d.cuStreamCreate(1))
+ok(d.cuMemcpyHtoDAsync(p, bytes([B]) * N, N, n1))
+ok(d.cuStreamSynchronize(n1))
+r = [peek()]
+e = ok(d.cuEventCreate(0))
+ok(d.cuEventRecord(e, LEGACY))
+ok(d.cuEventSynchronize(e))
+out["legacy_event_waits_for_stream_0"] = r + [peek()]
+print(json.dumps(out))
+"""
+
+
+def _probe(script, **env):
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=_env(**env), timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_fake_driver_orders_work_as_cuda_streams_do():
+    """Work runs late, in CUDA's stream order: what a stream, event or
+    synchronous call does not wait for has not happened yet."""
+    A, B = 0xAA, 0xBB
+    ready, not_ready = "CUDA_SUCCESS", "CUDA_ERROR_NOT_READY"
+    out = _probe(_STREAM_PROBE, NUMBA_BFC_FAKE_CUDA_EVENT_DELAY="5")
+    assert out == {
+        "delay_from_env": 5,
+        # queued, nothing run; s2's copy; then s1's memset over it
+        "two_blocking_streams": [0, B, A],
+        "sync_copy_after_blocking_memset": B,
+        "sync_copy_before_non_blocking_memset": [B, A],
+        "delay_was": 0,
+        # two NOT_READY with the memset still queued, then done, and it ran
+        "legacy_event_with_delay": [not_ready, not_ready, 0, ready, A, A],
+        "idle_event_with_delay": [not_ready, not_ready, ready],
+        "stream_query_with_delay": [not_ready, not_ready, ready, B],
+        "delay_back": 2,
+        "legacy_event_skips_non_blocking": [ready, 0, A],
+        "wait_event": [A, B, B],
+        "per_thread_stream": [A, B, A],
+        "dtoh_async": [A, 0x11, B],
+        "unmapped_before_run": ["CUDA_ERROR_ILLEGAL_ADDRESS", 1, ready, ready],
+        # two records (the second replaces the first marker): memset + 2 markers ran
+        "counters_delta": {"live_events": 1, "live_streams": 1, "pending_ops": 0,
+                           "executed_ops": 3, "illegal_accesses": 0, "events_recorded": 2,
+                           "event_queries": 1, "event_synchronizes": 1},
+        "pending": [1, 0],
+        # [at start (the probe's peek stream), after destroying, end minus start]
+        "live_back_to_start": [[0, 0, 0], [1, 0, 0]],
+    }
+
+
+def test_per_thread_default_stream_mode_makes_stream_0_per_thread():
+    legacy = _probe(_PTDS_PROBE)
+    per_thread = _probe(_PTDS_PROBE, CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM="1")
+    A, B = 0xAA, 0xBB
+    # One legacy stream: the other thread's synchronize ran our memset first.
+    assert legacy == {"async_memsets_on_stream_0": [B, B], "sync_copy_in_another_thread": [B, B],
+                      "legacy_event_waits_for_stream_0": [B, A]}
+    # Per-thread streams: the other thread's work ran alone, ours after.
+    assert per_thread == {"async_memsets_on_stream_0": [B, A],
+                          "sync_copy_in_another_thread": [B, A],
+                          "legacy_event_waits_for_stream_0": [B, A]}
 
 
 def test_gpu_suite_passes_on_the_fake_driver(tmp_path):

@@ -1,10 +1,13 @@
 """Numba device allocation on a GPU: numba_bfc's plugin against the alternatives, side by side.
 
-Each group compares, in one run: numba_bfc (BFC and caching policies, plain
-backend), Numba's default manager (``cuMemAlloc``/``cuMemFree`` per array),
+Each group compares, in one run: numba_bfc (BFC, caching and compact policies,
+each with the default ``stream_safety="events"`` and with ``"off"``, so the
+cost of event-gated reuse is read off one run), Numba's default manager
+(``cuMemAlloc``/``cuMemFree`` per array),
 RMM's Numba plugin over an RMM pool (if ``rmm`` is importable) and, for CuPy
 arrays, CuPy's own pool (if ``cupy`` is importable). ``extra_info`` records
-the memory-management driver calls per round.
+the memory-management driver calls per round and, for numba_bfc, the events
+recorded and queried per round and the pool's reserved bytes.
 
 Run: ``python -m pytest -m cuda benchmarks/gpu --benchmark-columns=min,median,mean,rounds
 --benchmark-group-by=group`` (skipped without an NVIDIA GPU and numba-cuda). With
@@ -63,8 +66,14 @@ def rmm_context():
 
 MANAGERS = {
     "numba_bfc-bfc": lambda: numba_bfc_context(policy="bfc", backend="plain"),
+    "numba_bfc-bfc-off": lambda: numba_bfc_context(policy="bfc", backend="plain",
+                                                   stream_safety="off"),
     "numba_bfc-caching": lambda: numba_bfc_context(policy="caching", backend="plain"),
+    "numba_bfc-caching-off": lambda: numba_bfc_context(policy="caching", backend="plain",
+                                                       stream_safety="off"),
     "numba_bfc-compact": lambda: numba_bfc_context(policy="compact", backend="virtual"),
+    "numba_bfc-compact-off": lambda: numba_bfc_context(policy="compact", backend="virtual",
+                                                       stream_safety="off"),
     "numba-default": default_numba_context,
     "rmm-pool": rmm_context,
 }
@@ -81,12 +90,22 @@ def _run_rounds(benchmark, fn, rounds):
 
     fn()  # warm-up: compile kernels, grow pools
     cuda.synchronize()
+    mgr = cuda.current_context().memory_manager
+    before = mgr.stream_safety_stats() if hasattr(mgr, "stream_safety_stats") else None
     with count_driver_calls() as calls:
         fn()
         cuda.synchronize()
     benchmark.extra_info["driver_calls_per_round"] = sum(calls.values())
     benchmark.extra_info["driver_calls"] = {k: v for k, v in calls.items() if v}
+    if before is not None:
+        after = mgr.stream_safety_stats()
+        benchmark.extra_info["events_recorded_per_round"] = (after.events_recorded
+                                                             - before.events_recorded)
+        benchmark.extra_info["event_queries_per_round"] = (after.event_queries
+                                                           - before.event_queries)
     benchmark.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=1)
+    if before is not None:
+        benchmark.extra_info["reserved_bytes"] = mgr.allocator.get_stats().bytes_reserved
 
 
 @pytest.mark.benchmark(group="device_array-alloc-free-4KiB-64MiB")
@@ -177,3 +196,69 @@ def test_cupy_cycles(benchmark, allocator):
         finally:
             cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
             cupy.get_default_memory_pool().free_all_blocks()
+
+
+@pytest.mark.benchmark(group="stream-safety-overhead-interleaved")
+@pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
+@pytest.mark.parametrize("path", ["memalloc", "device_array"])
+def test_stream_safety_overhead_interleaved(benchmark, policy, path):
+    """What ``stream_safety="events"`` adds per allocation, measured precisely:
+    two managers on one context, ``"off"`` and ``"events"``, run the cycles of
+    the groups above in alternate rounds (so drift hits both alike);
+    ``extra_info`` holds each one's median and the median of the paired
+    differences, per allocation, in microseconds. The timed figure is one
+    alternation (both rounds)."""
+    import statistics
+    import time
+
+    from numba import cuda
+
+    from numba_bfc.integrations.numba_emm import NumbaBFCMemoryManager
+
+    backend = "virtual" if policy == "compact" else "plain"
+    with numba_bfc_context(policy=policy, backend=backend) as ctx:
+        mgrs = {mode: NumbaBFCMemoryManager(context=ctx, policy=policy, backend=backend,
+                                            stream_safety=mode) for mode in ("off", "events")}
+        saved = ctx.memory_manager
+        per_alloc = {mode: [] for mode in mgrs}
+
+        def one_round(mode):
+            mgr = mgrs[mode]
+            ctx.memory_manager = mgr  # what cuda.device_array allocates from
+            t0 = time.perf_counter()
+            for _ in range(CYCLES_PER_ROUND):
+                for nbytes in SIZES:
+                    if path == "memalloc":
+                        p = mgr.memalloc(nbytes)
+                    else:
+                        p = cuda.device_array(nbytes, dtype=np.uint8)
+                    del p
+            per_alloc[mode].append((time.perf_counter() - t0) / (CYCLES_PER_ROUND * len(SIZES)))
+
+        def alternation():
+            one_round("off")
+            one_round("events")
+
+        try:
+            for _ in range(5):
+                alternation()  # warm-up: pools grown, kernels compiled
+            for mode in per_alloc:
+                per_alloc[mode].clear()
+            benchmark.pedantic(alternation, rounds=100, iterations=1)
+            us = {mode: [t * 1e6 for t in ts] for mode, ts in per_alloc.items()}
+            diffs = [e - o for e, o in zip(us["events"], us["off"])]
+            stats = mgrs["events"].stream_safety_stats()
+            benchmark.extra_info.update(
+                off_us=round(statistics.median(us["off"]), 3),
+                events_us=round(statistics.median(us["events"]), 3),
+                added_us_median_paired=round(statistics.median(diffs), 3),
+                added_us_mean=round(statistics.mean(diffs), 3),
+                events_recorded_per_allocation=round(
+                    stats.events_recorded / (len(diffs) + 5) / (CYCLES_PER_ROUND * len(SIZES)),
+                    4),
+                reserved_mib={mode: m.allocator.get_stats().bytes_reserved >> 20
+                              for mode, m in mgrs.items()})
+        finally:
+            ctx.memory_manager = saved
+            for mgr in mgrs.values():
+                mgr.reset()

@@ -21,8 +21,8 @@ BFC_CONF_KEYS = {
     "fragmentation_fraction": parse_float,
     "name": parse_str,
 }
-# Read by the Numba plugin (numba_bfc.integrations), which picks the policy and backend.
-PLUGIN_CONF_KEYS = ("policy", "backend")
+# Read by the Numba plugin (numba_bfc.integrations): policy, backend, stream safety.
+PLUGIN_CONF_KEYS = ("policy", "backend", "stream_safety")
 
 
 @dataclass(frozen=True)

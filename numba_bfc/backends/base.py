@@ -27,6 +27,9 @@ class SubAllocator(abc.ABC):
         region can go back and be mapped again elsewhere.
     host_accessible : bool
         True when addresses are real host memory this process may read and write.
+    device_memory : bool
+        True when GPU work can use the memory (the CUDA backends): a block
+        freed by the host may still be in use by queued device work.
     capacity : int or None
         Bytes this backend can hold at once, if bounded.
     """
@@ -34,6 +37,7 @@ class SubAllocator(abc.ABC):
     supports_coalescing: bool = False
     supports_remap: bool = False
     host_accessible: bool = False
+    device_memory: bool = False
     capacity: int | None = None
 
     def __init__(self) -> None:

@@ -121,6 +121,7 @@ class _CudaBackend(SubAllocator):
     """What both CUDA backends share: the context, memory info and OOM detection."""
 
     host_accessible = False
+    device_memory = True
     #: True when ``cuIpcGetMemHandle`` works on a region base (plain cuMemAlloc memory).
     ipc_capable = False
 

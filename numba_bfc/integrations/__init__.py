@@ -4,7 +4,10 @@ Attributes are imported on first access, so ``import numba_bfc.integrations``
 imports neither ``numba.cuda`` nor CuPy:
 
 - ``NumbaBFCMemoryManager``, ``use_numba_bfc``, ``current_manager``,
-  ``current_allocator``, ``CudaOutOfMemoryError`` (``numba_emm``);
+  ``current_allocator``, ``record_stream``, ``empty_cache``,
+  ``CudaOutOfMemoryError`` (``numba_emm``);
+- ``StreamSafetyStats``, ``CudaEventFences`` (``stream_safety``: freed blocks
+  wait for the device);
 - ``cupy_allocator`` (``cupy``).
 """
 
@@ -20,6 +23,10 @@ _LAZY = {
     "use_numba_bfc": "numba_emm",
     "current_manager": "numba_emm",
     "current_allocator": "numba_emm",
+    "record_stream": "numba_emm",
+    "empty_cache": "numba_emm",
+    "StreamSafetyStats": "stream_safety",
+    "CudaEventFences": "stream_safety",
     "_numba_memory_manager": "numba_emm",
     "cupy_allocator": "cupy",
 }

@@ -8,10 +8,14 @@ Usage (GPU only)::
 
 Each CuPy allocation is a ``memalloc`` on the numba_bfc memory manager of
 Numba's CUDA context for CuPy's current device; the returned memory owns the
-Numba ``MemoryPointer``, so when CuPy drops the memory the block goes back to
-the shared pool. As with the Numba plugin, blocks are not tied to CuPy's
-current stream: a freed block may be reused at once (default-stream ordering,
-as RMM's allocators).
+Numba ``MemoryPointer``, so when CuPy drops the memory the block goes through
+the same queue of pending frees as Numba's arrays. With the default
+``stream_safety="events"`` it returns to the pool after the work queued on the
+legacy default stream and on every blocking stream before the free; when
+CuPy's current stream at allocation is a non-blocking one
+(``cupy.cuda.Stream(non_blocking=True)``), the block also waits for that
+stream, as ``numba_bfc.record_stream`` would make it (PyTorch ties a block to
+its allocation stream the same way).
 """
 
 from __future__ import annotations
@@ -65,6 +69,11 @@ def cupy_allocator(nbytes: int) -> Any:
             f"numba_bfc.cupy_allocator: CuPy's current device is {device_id} but Numba's "
             f"current context is on device {ctx_device}; select the same device in both")
     block = mgr.memalloc(nbytes)
-    mem = cupy.cuda.UnownedMemory(int(block.device_pointer_value or 0), nbytes, block,
-                                  device_id=device_id)
+    address = int(block.device_pointer_value or 0)
+    stream = cupy.cuda.get_current_stream()
+    if address and stream.ptr not in (0, 1, 2) and mgr.stream_safety == "events":
+        # Default streams need nothing: the legacy-stream event of every free
+        # orders them; record_stream skips other blocking streams too.
+        mgr.record_stream(address, stream)
+    mem = cupy.cuda.UnownedMemory(address, nbytes, block, device_id=device_id)
     return cupy.cuda.MemoryPointer(mem, 0)

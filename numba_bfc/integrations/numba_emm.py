@@ -9,28 +9,26 @@ manager owns one allocator (BFC or caching policy) over one backend (plain
 Design of frees. ``weakref.finalize`` callbacks run whenever Python collects
 a ``MemoryPointer``: in any thread, and possibly inside our own ``memalloc``
 while the allocator's (non-reentrant) lock is held. So a finalizer only
-appends ``(address, generation)`` to a deque, which is thread-safe and takes
-no lock; the queue is drained under the manager's ``RLock`` at the next
-``memalloc``, ``get_memory_info``, ``reset``, ``release_unused`` or
-``current_allocator()``. Entries from before a ``reset()`` carry an old
-generation and are dropped, so an address handed out again after a reset is
-never freed by a stale finalizer.
+appends ``(address, nbytes)`` to a deque (``PendingFrees.entries``), which is
+thread-safe and takes no lock; everything else runs under the manager's
+``RLock``. One queue lives as long as one allocator, so finalizers of blocks
+from before a ``reset()`` append to a queue nobody reads, and an address
+handed out again after a reset is never freed by a stale finalizer.
 
-Streams. The EMM interface passes no stream to ``memalloc`` or to finalizers,
-so (as with RMM's Numba plugin) a freed block may be handed out again at
-once. That is safe when the work using the block and the work of its next
-owner are ordered: both on one stream, or either on the legacy default stream
-(which waits for, and is waited for by, Numba's blocking streams). With
-kernels on several streams, keep arrays alive until their streams are
-synchronized, or drop them inside ``cuda.defer_cleanup()``, whose queued
-frees are applied only when the outermost section ends (synchronize before
-leaving it).
+Streams. The EMM interface passes no stream to ``memalloc`` or to
+finalizers, and a finalizer may run while work using the block is still
+queued. With ``stream_safety="events"`` (the default) queued frees return to
+the pool only after a CUDA event recorded on the legacy default stream, which
+waits for every blocking stream, has completed; ``record_stream`` adds
+non-blocking streams (``stream_safety.py`` has the details). ``"off"`` reuses
+blocks at once, as RMM's plugin does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import gc
 import inspect
@@ -38,7 +36,6 @@ import logging
 import threading
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -58,6 +55,13 @@ from .._config import conf_from_env, parse_str
 from ..allocators import BFCAllocator
 from ..backends.base import SubAllocator, _RangeMap
 from ..errors import InvalidPointerError, OutOfMemoryError
+from .stream_safety import (
+    CudaEventFences,
+    FenceSource,
+    PendingFrees,
+    StreamSafetyStats,
+    parse_stream_safety,
+)
 
 __all__ = [
     "NumbaBFCMemoryManager",
@@ -66,6 +70,8 @@ __all__ = [
     "use_numba_bfc",
     "current_allocator",
     "current_manager",
+    "record_stream",
+    "empty_cache",
 ]
 
 _log = logging.getLogger("numba_bfc")
@@ -73,7 +79,8 @@ _log = logging.getLogger("numba_bfc")
 POLICIES = ("bfc", "caching", "compact")
 BACKENDS = ("plain", "virtual")
 # Keys this plugin reads from NUMBA_BFC_CONF; the allocators read the others.
-PLUGIN_CONF_KEYS = {"policy": parse_str, "backend": parse_str}
+PLUGIN_CONF_KEYS = {"policy": parse_str, "backend": parse_str,
+                    "stream_safety": parse_stream_safety}
 
 # numba-cuda always uses the NVIDIA binding; numba's built-in target only when
 # NUMBA_CUDA_USE_NVIDIA_BINDING=1. Device pointers must be of the matching type.
@@ -179,6 +186,7 @@ class _TrackedBackend(SubAllocator):
         self.supports_coalescing = bool(inner.supports_coalescing)
         self.supports_remap = bool(getattr(inner, "supports_remap", False))
         self.host_accessible = bool(inner.host_accessible)
+        self.device_memory = bool(inner.device_memory)
         self.capacity = inner.capacity
         if getattr(inner, "granularity", None):
             self.granularity = inner.granularity  # the compact policy's page size
@@ -286,6 +294,16 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         an instance it has one space unless ``small_backend`` is given.
     va_size : int, optional
         Address space the virtual backend reserves (default: device memory).
+    stream_safety : {"events", "off"} or FenceSource or callable, optional
+        ``"events"`` (default): a freed block returns to the pool only after
+        the device work queued before its free has finished (an event on the
+        legacy default stream, plus events on streams named with
+        ``record_stream``). ``"off"``: at once, as RMM's plugin does; safe when
+        all work is ordered on one stream. A ``FenceSource`` (or a callable
+        ``f(context)`` returning one) replaces CUDA events, for tests and
+        simulations. Default: ``NUMBA_BFC_CONF`` key ``stream_safety``, else
+        ``"events"``. With a backend that is not device memory (simulated,
+        host) no device work can use a block, and blocks return at once.
     **allocator_options
         Passed to the policy's constructor (e.g. ``memory_limit``,
         ``allow_growth``, ``garbage_collection`` for BFC; ``max_split_size``,
@@ -295,11 +313,24 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
 
     Notes
     -----
-    Out of memory: pending frees are applied, regions with nothing in use go
-    back to the driver, and, last, ``gc.collect()`` frees arrays caught in
-    reference cycles; the request is retried after each step that freed
-    something, and a final failure raises ``CudaOutOfMemoryError``. Inside
-    ``defer_cleanup()`` none of this happens, as with Numba's own manager.
+    Out of memory: pending frees are waited for and returned, regions with
+    nothing in use go back to the driver, and, last, ``gc.collect()`` frees
+    arrays caught in reference cycles; the request is retried after each step
+    that freed something, and a final failure raises
+    ``CudaOutOfMemoryError``. Inside ``defer_cleanup()`` none of this happens,
+    as with Numba's own manager.
+
+    When pending frees come back (``stream_safety="events"``): a ``memalloc``
+    fences the frees queued since the last fence (one ``cuEventRecord``) and
+    returns the blocks of completed fences (``cuEventQuery``, oldest first)
+    only when the request may not fit in the pool's free memory or more than
+    ``MAX_UNFENCED`` frees are queued, because each driver call costs about as
+    much as a pool allocation. If the request still may not fit, pending
+    blocks would make room and they are a quarter of the pool and 1/64 of the
+    memory limit, it waits for the oldest fence instead of growing the pool. ``get_memory_info``,
+    ``allocator`` and the end of ``defer_cleanup()`` return completed blocks
+    without blocking; out of memory, ``release_unused`` and ``reset`` wait for
+    every pending fence.
     """
 
     #: Class-level options set by ``use_numba_bfc`` (constructor arguments win).
@@ -307,11 +338,14 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
 
     def __init__(self, *, context: Any, policy: str | None = None,
                  backend: str | SubAllocator | Callable[[Any], SubAllocator] | None = None,
-                 va_size: int | None = None, **allocator_options: Any) -> None:
+                 va_size: int | None = None,
+                 stream_safety: str | FenceSource | Callable[[Any], FenceSource] | None = None,
+                 **allocator_options: Any) -> None:
         super().__init__(context=context)
         opts = dict(self._preset)
-        opts.update({k: v for k, v in dict(policy=policy, backend=backend,
-                                              va_size=va_size).items() if v is not None})
+        opts.update({k: v for k, v in dict(policy=policy, backend=backend, va_size=va_size,
+                                              stream_safety=stream_safety).items()
+                     if v is not None})
         opts.update(allocator_options)
         env = conf_from_env(PLUGIN_CONF_KEYS)
         self.policy = _check_choice(opts.pop("policy", env.get("policy", "bfc")), POLICIES,
@@ -326,6 +360,14 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 f"numba_bfc: backend must be 'plain', 'virtual', a SubAllocator or a callable, "
                 f"not {type(spec).__name__}")
         self._backend_spec = spec
+        safety = opts.pop("stream_safety", env.get("stream_safety", "events"))
+        if isinstance(safety, str):
+            safety = parse_stream_safety(safety)
+        elif not callable(getattr(safety, "record", None)) and not callable(safety):
+            raise TypeError(
+                f"numba_bfc: stream_safety must be 'events', 'off', a FenceSource or a "
+                f"callable, not {type(safety).__name__}")
+        self._stream_safety = safety
         self._va_size = opts.pop("va_size", None)
         cls = _policy_class(self.policy)
         try:  # reject misspelt options now, not at the first allocation
@@ -335,11 +377,12 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         self._policy_cls = cls
         self._allocator_options = opts
         self._lock = threading.RLock()
-        self._pending: deque = deque()
-        self._generation = 0
+        self._frees = PendingFrees()  # replaced with each allocator
         self._defer_depth = 0
         self._allocator: Any = None
         self._tracked: _TrackedBackend | None = None
+        self._small: _TrackedBackend | None = None
+        self._run_ahead = 0  # pending bytes a request need not wait for (limit / 64)
         self._all_tracked: list[tuple[_TrackedBackend, bool]] = []  # (backend, owned)
         self._owns_backend = False
         self._ctx_ref = None if context is None else _weak(context)
@@ -374,16 +417,26 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         if size == 0:
             return MemoryPointer(self._ctx_ref, _device_ptr(0), 0)
         with self._lock:
-            if self._pending:
-                self._drain_locked()
+            frees = self._frees
+            if frees.entries and not self._defer_depth:
+                # Inline: this runs at nearly every allocation, and a method call
+                # costs as much as the test itself.
+                if not frees.gated:
+                    frees.drain()
+                else:
+                    held = self._tracked.bytes_held
+                    if self._small is not None:
+                        held += self._small.bytes_held
+                    if size > held - frees.live_bytes or len(frees.entries) > frees.reclaim_at:
+                        self._reclaim_for_locked(size)
             addr = self._allocate_locked(size)
-            generation = self._generation
+            frees = self._frees  # the first allocation made it
+            frees.live_bytes += size + 511 & ~511
         # functools.partial of deque.append: the finalizer runs no Python code
         # of ours, takes no lock, and keeps neither this manager nor the
         # context alive.
         return MemoryPointer(self._ctx_ref, _device_ptr(addr), size,
-                             finalizer=functools.partial(self._pending.append,
-                                                         (addr, generation)))
+                             finalizer=functools.partial(frees.entries.append, (addr, size)))
 
     def get_memory_info(self) -> MemoryInfo:
         """``(free, total)``: what this context can still allocate, and the device total.
@@ -394,7 +447,7 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         """
         with self._lock:
             alloc = self._ensure_allocator_locked()
-            self._drain_locked()
+            self._reclaim_locked()
             dev_free, dev_total = _device_memory_info(self._tracked.inner)
             stats = alloc.get_stats()
             reserved = int(stats.bytes_reserved)
@@ -433,15 +486,23 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         driver frees everything itself).
         """
         with self._lock:
-            self._generation += 1
-            self._pending.clear()
+            frees, self._frees = self._frees, PendingFrees()
             all_tracked = self._all_tracked
             self._allocator = None
-            self._tracked = None
+            self._tracked = self._small = None
             self._all_tracked = []
             try:
                 if not _drv.utils.shutting_down():
                     errors = []
+                    try:  # no device work may still use the memory about to go back
+                        frees.clear(wait=True)
+                    except Exception as e:
+                        errors.append(e)
+                    if frees.fences is not None:
+                        try:
+                            frees.fences.close()
+                        except Exception as e:
+                            errors.append(e)
                     for tracked, owned in all_tracked:
                         try:  # every backend goes back, even if one fails
                             tracked.release_all()
@@ -459,9 +520,10 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         """Queue frees instead of applying them while active (nestable).
 
         Blocks freed inside are not reused until the outermost section ends,
-        when the queue is drained, and the plugin gives no region back to the
-        driver meanwhile (the caching policy's own out-of-memory path, which
-        releases cached segments inside ``allocate_raw``, still may).
+        when the queue is processed as at a ``memalloc``, and the plugin gives
+        no region back to the driver meanwhile (the caching policy's own
+        out-of-memory path, which releases cached segments inside
+        ``allocate_raw``, still may).
         Numba's host-side deferral (``super().defer_cleanup()``) is held too.
         """
         with self._lock:
@@ -472,17 +534,20 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         finally:
             with self._lock:
                 self._defer_depth -= 1
-                if self._defer_depth == 0 and self._allocator is not None:
-                    self._drain_locked()
+                if self._defer_depth == 0:
+                    self._reclaim_locked()
 
     # ------------------------------------------------------------------ extras
     @property
     def allocator(self) -> Any:
-        """This context's allocator (pending frees applied first): stats, memory maps,
-        occupancy (``get_stats()``, ``memory_map()``, ``render_occupancy()``)."""
+        """This context's allocator, with the pending frees whose device work has
+        finished returned first (without waiting for the rest): stats, memory
+        maps, occupancy (``get_stats()``, ``memory_map()``, ``render_occupancy()``).
+        Blocks still pending count as in use; ``stream_safety_stats()`` says how
+        many."""
         with self._lock:
             alloc = self._ensure_allocator_locked()
-            self._drain_locked()
+            self._reclaim_locked()
             return alloc
 
     @property
@@ -493,7 +558,83 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     @property
     def pending_frees(self) -> int:
         """Blocks collected by Python but not yet returned to the pool."""
-        return len(self._pending)
+        return len(self._frees)
+
+    @property
+    def stream_safety(self) -> str:
+        """``"events"``, ``"off"``, or ``"none"`` (no device memory: nothing to wait
+        for); ``"events"`` before the first use when events are asked for."""
+        if self._allocator is None:
+            spec = self._stream_safety
+            return spec if isinstance(spec, str) else "events"
+        return self._frees.mode
+
+    def stream_safety_stats(self) -> StreamSafetyStats:
+        """Pending frees and the driver calls spent on them (see ``StreamSafetyStats``)."""
+        with self._lock:
+            stats = self._frees.stats()
+        if self._allocator is None:
+            stats = dataclasses.replace(stats, mode=self.stream_safety)
+        return stats
+
+    def memory_stats(self) -> dict[str, int]:
+        """PyTorch-style counters: the allocator's (``memory_stats()`` for the
+        caching policy, else ``allocated_bytes``/``reserved_bytes`` from
+        ``get_stats()``), plus the pending frees.
+
+        The allocator counts a pending block in use (PyTorch's
+        ``active_bytes`` does the same); ``pending_free_bytes.all.current``
+        says how much of it is waiting for the device.
+        """
+        with self._lock:
+            alloc = self._ensure_allocator_locked()
+            self._reclaim_locked()
+            if hasattr(alloc, "memory_stats"):
+                out = dict(alloc.memory_stats())
+            else:
+                st = alloc.get_stats()
+                out = {"allocated_bytes.all.current": int(st.bytes_in_use),
+                       "allocated_bytes.all.peak": int(st.peak_bytes_in_use),
+                       "reserved_bytes.all.current": int(st.bytes_reserved),
+                       "reserved_bytes.all.peak": int(st.peak_bytes_reserved),
+                       "num_alloc_retries": 0}
+            pending = self._frees.stats()
+        out.update({
+            "pending_free_bytes.all.current": pending.pending_bytes,
+            "pending_free_blocks.all.current": pending.pending_blocks,
+            "pending_free_blocks.all.peak": pending.peak_pending_blocks,
+            "pending_fences": pending.fences,
+            "num_events_recorded": pending.events_recorded,
+            "num_event_queries": pending.event_queries,
+            "num_sync_all_streams": pending.waits,
+        })
+        return out
+
+    def record_stream(self, address: int, stream: Any) -> bool:
+        """Make the free of the block at ``address`` wait for the work queued on
+        ``stream`` until then (``numba_bfc.record_stream`` takes arrays).
+
+        Returns
+        -------
+        bool
+            False when the stream needs no event of its own: a blocking stream
+            with ``stream_safety="events"`` (the legacy-stream event orders it),
+            or a backend that is not device memory.
+
+        Raises
+        ------
+        ValueError
+            ``address`` is not the start of a block this manager handed out.
+        """
+        with self._lock:
+            alloc = self._ensure_allocator_locked()
+            try:
+                alloc.allocated_size(int(address))
+            except InvalidPointerError:
+                raise ValueError(
+                    f"numba_bfc.record_stream: {int(address):#x} is not the start of a live "
+                    "block of this context's pool") from None
+            return self._frees.record_stream(int(address), stream)
 
     @property
     def deferred(self) -> bool:
@@ -501,14 +642,16 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         return self._defer_depth > 0
 
     def release_unused(self) -> bool:
-        """Apply pending frees and give regions with nothing in use back to the driver.
+        """Wait for the device work of every pending free, return those blocks, and
+        give regions with nothing in use back to the driver (PyTorch's
+        ``empty_cache``).
 
         Returns True if any memory went back. Does nothing inside ``defer_cleanup()``.
         """
         with self._lock:
             if self._allocator is None or self._defer_depth:
                 return False
-            self._drain_locked()
+            self._frees.wait_all()
             return self._release_cached_locked(0)
 
     def __repr__(self) -> str:
@@ -542,14 +685,31 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 tracked.append(_TrackedBackend(small))
                 options["small_backend"] = tracked[1]
             alloc = self._policy_cls(tracked[0], **options)
+            frees = self._new_pending_frees(alloc, tracked[0].device_memory)
         except BaseException:
             for backend in made:
                 if hasattr(backend, "close"):
                     backend.close()
             raise
         self._tracked, self._owns_backend, self._allocator = tracked[0], owned, alloc
+        self._small = tracked[1] if len(tracked) > 1 else None
+        limit = getattr(alloc, "memory_limit", None) or tracked[0].total_memory() or 0
+        self._run_ahead = int(limit) // 64
         self._all_tracked = [(t, t.inner in made) for t in tracked]
+        self._frees = frees
         return alloc
+
+    def _new_pending_frees(self, alloc: Any, device_memory: bool) -> PendingFrees:
+        """The queue of this allocator's frees, with fences when device work can
+        use its memory (or when a fence source was given)."""
+        spec, fences = self._stream_safety, None
+        if not isinstance(spec, str):
+            fences = spec if callable(getattr(spec, "record", None)) else spec(self.context)
+        elif device_memory:
+            fences = CudaEventFences(self.context)
+        frees = PendingFrees(fences, legacy_fence=spec != "off")
+        frees.bind(alloc.deallocate_raw)
+        return frees
 
     def _new_backend(self) -> tuple[SubAllocator, bool]:
         """A backend for this context from the spec, and whether the plugin owns it."""
@@ -566,30 +726,40 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
             return spec, False
         return spec(self.context), True
 
-    def _drain_locked(self) -> int:
-        """Return queued blocks to the pool; entries of earlier generations are dropped."""
+    def _held_bytes(self) -> int:
+        """Bytes the pool's backends hold; less ``PendingFrees.live_bytes`` (the
+        blocks handed out, pending ones included), what a request may fit in
+        without waiting or growing."""
+        held = self._tracked.bytes_held
+        if self._small is not None:
+            held += self._small.bytes_held
+        return held
+
+    def _reclaim_for_locked(self, size: int) -> None:
+        """Before a request that may not fit: return the completed pending blocks.
+        If it still may not fit, the pending ones would make room, and they are a
+        quarter of the pool and 1/64 of the memory limit, wait for the oldest
+        fence rather than grow: the host runs that far ahead of the device."""
+        frees = self._frees
+        frees.reclaim()
+        held = self._held_bytes()
+        free = held - frees.live_bytes
+        if size > free and frees.pending_fences:
+            pending = frees.fenced_bytes()
+            if size <= free + pending and pending >= max(held // 4, self._run_ahead):
+                frees.wait_oldest()
+
+    def _reclaim_locked(self) -> int:
+        """Return the pending blocks whose device work has finished (never blocks)."""
         if self._defer_depth or self._allocator is None:
             return 0
-        alloc, generation, pending = self._allocator, self._generation, self._pending
-        done, bad = 0, []
-        while True:
-            try:
-                addr, gen = pending.popleft()
-            except IndexError:
-                break
-            if gen != generation:
-                continue
-            try:
-                alloc.deallocate_raw(addr)
-                done += 1
-            except InvalidPointerError as e:
-                bad.append(e)
-        if bad:
-            # Each block has exactly one finalizer, so this is a bug, not a user error.
-            raise RuntimeError(
-                f"numba_bfc: {len(bad)} queued free(s) did not match a live block: {bad[0]}"
-            ) from bad[0]
-        return done
+        return self._frees.reclaim()
+
+    def _wait_pending_locked(self) -> int:
+        """Wait for the device work of every pending block and return them all."""
+        if self._defer_depth or self._allocator is None:
+            return 0
+        return self._frees.wait_all()
 
     def _release_cached_locked(self, nbytes: int) -> bool:
         alloc = self._allocator
@@ -610,12 +780,12 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         limit = getattr(alloc, "memory_limit", None)
         if self._defer_depth or (limit is not None and size > limit):
             raise CudaOutOfMemoryError(last)
-        # Cheapest remedy first (CuPy's order): frees queued since the drain at
-        # entry (finalizers may fire inside allocate_raw); free regions back to
-        # the driver, so that one region large enough can grow (TF's
-        # DeallocateFreeRegions); a full garbage collection (tens of ms) for
-        # arrays held only by reference cycles; regions once more.
-        steps = (self._drain_locked,
+        # Cheapest remedy first (CuPy's order): every pending free, waiting for
+        # its device work (PyTorch synchronizes its events here too); free
+        # regions back to the driver, so that one region large enough can grow
+        # (TF's DeallocateFreeRegions); a full garbage collection (tens of ms)
+        # for arrays held only by reference cycles; regions once more.
+        steps = (self._wait_pending_locked,
                  lambda: self._release_cached_locked(size),
                  self._collect_locked,
                  lambda: self._release_cached_locked(size))
@@ -630,7 +800,7 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
 
     def _collect_locked(self) -> int:
         gc.collect()  # finalizers only queue, so collecting under our lock is safe
-        return self._drain_locked()
+        return self._wait_pending_locked()
 
 
 def _weak(context: Any) -> Any:
@@ -648,6 +818,7 @@ _numba_memory_manager = NumbaBFCMemoryManager
 # ---------------------------------------------------------------------------- helpers
 def use_numba_bfc(policy: str | None = None,
                   backend: str | SubAllocator | Callable[[Any], SubAllocator] | None = None,
+                  stream_safety: str | FenceSource | None = None,
                   **options: Any) -> type[NumbaBFCMemoryManager]:
     """Make Numba allocate device memory through numba_bfc (``cuda.set_memory_manager``).
 
@@ -657,7 +828,7 @@ def use_numba_bfc(policy: str | None = None,
 
     Parameters
     ----------
-    policy, backend, **options
+    policy, backend, stream_safety, **options
         As for ``NumbaBFCMemoryManager``; options not given fall back to
         ``NUMBA_BFC_CONF`` when each context's manager is created.
 
@@ -666,7 +837,8 @@ def use_numba_bfc(policy: str | None = None,
     type
         The manager class installed (a configured subclass when options are given).
     """
-    preset = {k: v for k, v in dict(policy=policy, backend=backend).items() if v is not None}
+    preset = {k: v for k, v in dict(policy=policy, backend=backend,
+                                    stream_safety=stream_safety).items() if v is not None}
     preset.update(options)
     if preset:
         cls = type("NumbaBFCMemoryManager", (NumbaBFCMemoryManager,),
@@ -712,3 +884,73 @@ def current_allocator() -> Any:
     numba_bfc.
     """
     return current_manager().allocator
+
+
+def _block_of(array: Any) -> tuple[NumbaBFCMemoryManager, int]:
+    """The manager and block start address behind a Numba or CuPy array."""
+    memory = getattr(array, "gpu_data", array)  # a DeviceNDArray's MemoryPointer
+    owner = getattr(memory, "owner", None)  # the allocation a view keeps alive
+    if owner is not None and owner is not array and not hasattr(owner, "device_pointer_value"):
+        return _block_of(owner)  # another library's array (cuda.as_cuda_array of CuPy's)
+    if owner is not None:
+        mgr = getattr(getattr(owner, "context", None), "memory_manager", None)
+        if not isinstance(mgr, NumbaBFCMemoryManager):
+            raise ValueError(
+                "numba_bfc.record_stream: this array's memory does not come from a numba_bfc "
+                f"pool (its context's manager is {type(mgr).__name__})")
+        return mgr, int(owner.device_pointer_value or 0)
+    mem = getattr(getattr(array, "data", None), "mem", None)  # a CuPy ndarray
+    if mem is not None and hasattr(mem, "ptr"):
+        return current_manager(), int(mem.ptr)
+    if hasattr(array, "__cuda_array_interface__"):
+        return current_manager(), int(array.__cuda_array_interface__["data"][0])
+    raise TypeError(
+        f"numba_bfc.record_stream: {type(array).__name__} is not a device array (pass a Numba "
+        "device array, a MemoryPointer, a CuPy array or an object with "
+        "__cuda_array_interface__ whose pointer starts a block)")
+
+
+def record_stream(array: Any, stream: Any) -> bool:
+    """Make the free of ``array``'s memory wait for the work queued on ``stream``
+    (PyTorch's ``Tensor.record_stream``).
+
+    With ``stream_safety="events"`` a block freed by Python returns to the
+    pool only after an event on the legacy default stream, which orders the
+    legacy stream, ``cuda.stream()`` streams and per-thread default streams.
+    Work on a non-blocking stream (``CU_STREAM_NON_BLOCKING``: CuPy's
+    ``Stream(non_blocking=True)``, PyTorch's streams, external streams made
+    that way) is not ordered by it: call this once the work using ``array``
+    is queued on such a stream, before dropping the array. Blocking streams
+    need no call (it returns False). With ``stream_safety="off"`` every stream
+    named here is waited for.
+
+    Parameters
+    ----------
+    array : device array
+        A Numba device array or ``MemoryPointer``, a CuPy array (a view of
+        the block is enough for both), or an object with
+        ``__cuda_array_interface__`` whose pointer starts a block.
+    stream : stream
+        A Numba or CuPy stream, an object with ``__cuda_stream__``, or a
+        ``CUstream`` handle as an int.
+
+    Returns
+    -------
+    bool
+        True if an event on ``stream`` will be waited for.
+
+    Raises
+    ------
+    TypeError
+        ``array`` is not a device array, or ``stream`` not a stream.
+    ValueError
+        The memory is not a live block of a numba_bfc pool.
+    """
+    mgr, address = _block_of(array)
+    return mgr.record_stream(address, stream)
+
+
+def empty_cache() -> bool:
+    """``current_manager().release_unused()``: wait for pending frees and give
+    unused regions back to the driver (PyTorch's ``torch.cuda.empty_cache``)."""
+    return current_manager().release_unused()

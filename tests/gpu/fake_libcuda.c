@@ -6,7 +6,7 @@
  * cuMemAlloc/cuMemFree, copies and memsets, streams and events, IPC between
  * processes, and the virtual memory management API (cuMemAddressReserve,
  * cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease). It cannot
- * load or launch kernels. All work is synchronous.
+ * load or launch kernels.
  *
  * "Device memory" is one memfd file, shared-mapped, so that
  * - cuMemAlloc memory is real, readable and writable through copies;
@@ -23,8 +23,40 @@
  * unmaps that whole mappings are named, releases of the address range that
  * nothing is mapped in it.
  *
+ * Work is asynchronous, with CUDA's stream ordering, and as late as it may be,
+ * so that code that reuses memory before the work touching it is ordered
+ * before the reuse sees the damage a GPU would do. Every copy, memset and
+ * event record is an op in one queue, with the ids of the ops it must follow;
+ * nothing runs until something forces it, and running an op runs what it
+ * follows first. An op follows the last op of its stream; on the legacy
+ * default stream (handle 0 or CU_STREAM_LEGACY) also the last op of every
+ * blocking stream, and on a blocking stream the last op of the legacy stream
+ * ("the legacy stream first waits on all blocking streams, the action is
+ * queued in the legacy stream, and then all blocking streams wait on the
+ * legacy stream"); non-blocking streams only follow themselves. The
+ * per-thread default stream (CU_STREAM_PER_THREAD, or 0 in the _ptsz/_ptds
+ * variants that cuGetProcAddress hands out with
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) is a blocking stream of the
+ * calling thread. What forces work, as on the real driver:
+ * - synchronous copies run on the default stream and return done, but
+ *   synchronous memsets of device memory are queued there like async ones; an
+ *   async device-to-host copy into pageable memory returns done; an async
+ *   host-to-device copy from pageable memory copies the source into a staging
+ *   buffer at once (pinned sources are read when the copy runs);
+ * - cuStreamSynchronize, cuEventSynchronize, cuEventElapsedTime, cuStreamDestroy
+ *   run what they wait for; cuCtxSynchronize, cuMemFree, cuMemFreeHost and
+ *   cuMemHostUnregister run everything; cuMemUnmap runs nothing;
+ * - cuEventQuery and cuStreamQuery answer CUDA_ERROR_NOT_READY a set number of
+ *   times for work recorded (NUMBA_BFC_FAKE_CUDA_EVENT_DELAY, or
+ *   numba_bfc_fake_set_event_delay), then run it and answer CUDA_SUCCESS.
+ * An op whose memory is no longer device memory when it runs (unmapped in
+ * between) is skipped and counted as an illegal access, and the call that ran
+ * it returns CUDA_ERROR_ILLEGAL_ADDRESS (not sticky, unlike a real device).
+ * numba_bfc_fake_counters reports the queue's and events' counters to tests.
+ *
  * Environment: NUMBA_BFC_FAKE_CUDA_MEMORY, the device's memory in bytes
- * (default 4 GiB; untouched memory costs nothing).
+ * (default 4 GiB; untouched memory costs nothing); NUMBA_BFC_FAKE_CUDA_EVENT_DELAY,
+ * the NOT_READY answers each recorded event or stream gives (default 0).
  *
  * Functions are found the way cuda-bindings looks for them, through
  * cuGetProcAddress_v2, and by name (dlsym), the way numba-cuda's ctypes
@@ -78,6 +110,8 @@ enum {
     CUDA_ERROR_NOT_MAPPED = 211,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
@@ -108,7 +142,7 @@ static size_t nres, cap_res, nhost, cap_host, nipc, cap_ipc;
 
 typedef struct {
     unsigned long long start, size, handle_off;
-    int accessible;
+    int access;                  /* CU_MEM_ACCESS_FLAGS_PROT_*: 0 none, 1 read, 3 read-write */
 } mapping_t;
 static mapping_t *mappings;
 static size_t nmaps, cap_maps;
@@ -117,8 +151,21 @@ struct fake_context { int retained; int alive; int reset; };
 static struct fake_context primary = {0, 0, 0};
 static __thread CUcontext ctx_stack[64];
 static __thread int ctx_depth;
-struct fake_stream { int flags; };
-struct fake_event { double when; int recorded; };
+#define CU_STREAM_NON_BLOCKING 1
+#define STREAM_LEGACY ((CUstream)0x1)      /* CU_STREAM_LEGACY */
+#define STREAM_PER_THREAD ((CUstream)0x2)  /* CU_STREAM_PER_THREAD */
+struct fake_stream {
+    int flags;                   /* CU_STREAM_NON_BLOCKING or 0 */
+    unsigned long long last;     /* id of the last op queued on it; 0: none yet */
+    int not_ready;               /* NOT_READY answers cuStreamQuery still gives */
+    struct fake_stream *next;    /* the list of streams other than the legacy one */
+};
+struct fake_event {
+    double when;                 /* taken when its marker runs */
+    int recorded;
+    unsigned long long marker;   /* the op cuEventRecord queued */
+    int not_ready;               /* NOT_READY answers cuEventQuery still gives */
+};
 
 static void *grow(void *arr, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return arr;
@@ -203,11 +250,11 @@ static long mapping_at(unsigned long long p) {
     return -1;
 }
 
-/* Accessible mappings tile [p, p+n) with no gap. */
-static int mapped_accessible(unsigned long long p, unsigned long long n) {
+/* Mappings with the access asked for (1 read, 3 read-write) tile [p, p+n) with no gap. */
+static int mapped_accessible(unsigned long long p, unsigned long long n, int need) {
     while (n > 0) {
         long i = mapping_at(p);
-        if (i < 0 || !mappings[i].accessible) return 0;
+        if (i < 0 || (mappings[i].access & need) != need) return 0;
         unsigned long long end = mappings[i].start + mappings[i].size;
         unsigned long long step = end - p < n ? end - p : n;
         p += step;
@@ -216,9 +263,11 @@ static int mapped_accessible(unsigned long long p, unsigned long long n) {
     return 1;
 }
 
-static int device_range_ok(unsigned long long p, unsigned long long n) {
+/* [p, p+n) may be read (write 0) or written (write 1) by the device. */
+static int device_range_ok(unsigned long long p, unsigned long long n, int write) {
     if (n == 0) return 1;
-    return heap_block_of(p, n) >= 0 || mapped_accessible(p, n) || in_ranges(host_ranges, nhost, p, n)
+    return heap_block_of(p, n) >= 0 || mapped_accessible(p, n, write ? 3 : 1)
+        || in_ranges(host_ranges, nhost, p, n)
         || in_ranges(ipc_ranges, nipc, p, n);
 }
 
@@ -226,6 +275,311 @@ static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* ------------------------------------------------------------------ the work queue */
+/*
+ * Every asynchronous operation is an op. ops[] holds them sorted by id (ids only
+ * grow, so appending keeps the order); run ops stay there, marked done, until
+ * a compaction, and an id found nowhere is done. So the array holds what is
+ * pending plus about as much again, even behind work never forced, and it is
+ * emptied whenever nothing is pending: long runs stay small.
+ */
+enum { OP_COPY, OP_FILL, OP_MARKER };
+/* What a side of a copy must still be when the copy runs: anything (pageable
+   host memory, the caller's to keep valid), our staging buffer, registered
+   host memory, or device memory. */
+enum { MEM_HOST, MEM_STAGED, MEM_PINNED, MEM_DEVICE };
+
+typedef struct {
+    unsigned long long id;
+    int kind, done;
+    unsigned long long walk;     /* the run_until walk that last reached it */
+    char *dst;
+    const char *src;
+    size_t n;                    /* copy: bytes; fill: elements of width bytes */
+    int dst_mem, src_mem;
+    char *staging;               /* HtoD from pageable memory: the source, copied */
+    unsigned int value;
+    size_t width;
+    struct fake_event *event;    /* marker: the event it times, NULL once detached */
+    unsigned long long *pre;     /* the ops it follows that were pending when queued */
+    int npre;
+} op_t;
+
+static op_t *ops;
+static size_t nops, cap_ops, ndone;
+static unsigned long long next_op_id = 1, walks;
+static unsigned long long *walk_stack, *walk_order;
+static size_t cap_walk_stack, cap_walk_order;
+
+static struct fake_stream legacy_stream;  /* handles 0 and CU_STREAM_LEGACY; blocking */
+static struct fake_stream *streams;       /* created and per-thread streams */
+static __thread struct fake_stream *thread_stream;  /* this thread's per-thread stream */
+static __thread int ptds_call;  /* in a _ptsz/_ptds variant: stream 0 is the per-thread one */
+static pthread_key_t thread_stream_key;
+static pthread_once_t thread_stream_once = PTHREAD_ONCE_INIT;
+
+static int event_delay;  /* NOT_READY answers for events recorded (and streams fed) from now */
+static long long live_events, live_streams, pending_ops, executed_ops, illegal_accesses,
+    events_recorded, event_queries, event_synchronizes;
+
+__attribute__((constructor)) static void read_event_delay(void) {
+    const char *env = getenv("NUMBA_BFC_FAKE_CUDA_EVENT_DELAY");
+    event_delay = env ? atoi(env) : 0;
+    if (event_delay < 0) event_delay = 0;
+}
+
+static op_t *find_op(unsigned long long id) {
+    size_t lo = 0, hi = nops;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (ops[mid].id < id) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < nops && ops[lo].id == id ? &ops[lo] : NULL;
+}
+
+static int op_pending(unsigned long long id) {
+    op_t *o = id ? find_op(id) : NULL;
+    return o && !o->done;
+}
+
+static void add_pre(op_t *o, unsigned long long id) {
+    if (!op_pending(id)) return;  /* done work orders nothing */
+    for (int i = 0; i < o->npre; i++)
+        if (o->pre[i] == id) return;
+    o->pre = realloc(o->pre, (size_t)(o->npre + 1) * sizeof *o->pre);
+    if (!o->pre) abort();
+    o->pre[o->npre++] = id;
+}
+
+static void unlink_stream(struct fake_stream *s) {
+    for (struct fake_stream **p = &streams; *p; p = &(*p)->next)
+        if (*p == s) { *p = s->next; return; }
+}
+
+static int run_until(unsigned long long id);
+
+/* A thread ends: its per-thread stream goes, after its work (which the legacy
+   stream could no longer order itself after). */
+static void thread_stream_gone(void *p) {
+    struct fake_stream *s = p;
+    pthread_mutex_lock(&lock);
+    run_until(s->last);
+    unlink_stream(s);
+    pthread_mutex_unlock(&lock);
+    thread_stream = NULL;
+    free(s);
+}
+
+static void make_thread_stream_key(void) {
+    pthread_key_create(&thread_stream_key, thread_stream_gone);
+}
+
+/* Under the lock. The calling thread's per-thread default stream: a blocking stream. */
+static struct fake_stream *per_thread_stream(void) {
+    if (!thread_stream) {
+        pthread_once(&thread_stream_once, make_thread_stream_key);
+        thread_stream = calloc(1, sizeof *thread_stream);
+        if (!thread_stream) abort();
+        thread_stream->next = streams;
+        streams = thread_stream;
+        pthread_setspecific(thread_stream_key, thread_stream);
+    }
+    return thread_stream;
+}
+
+/* Under the lock. The stream a handle names. */
+static struct fake_stream *stream_of(CUstream s) {
+    if (s == NULL) return ptds_call ? per_thread_stream() : &legacy_stream;
+    if (s == STREAM_LEGACY) return &legacy_stream;
+    if (s == STREAM_PER_THREAD) return per_thread_stream();
+    return s;
+}
+
+/* Under the lock. Queue o on s, after `also` too (0: nothing more); its id. */
+static unsigned long long enqueue(op_t o, struct fake_stream *s, unsigned long long also) {
+    o.pre = NULL;
+    o.npre = 0;
+    add_pre(&o, s->last);
+    add_pre(&o, also);
+    if (s == &legacy_stream) {
+        for (struct fake_stream *t = streams; t; t = t->next)
+            if (!(t->flags & CU_STREAM_NON_BLOCKING)) add_pre(&o, t->last);
+    } else if (!(s->flags & CU_STREAM_NON_BLOCKING)) {
+        add_pre(&o, legacy_stream.last);
+    }
+    o.id = next_op_id++;
+    o.done = 0;
+    o.walk = 0;
+    ops = grow(ops, &cap_ops, nops + 1, sizeof *ops);
+    ops[nops++] = o;
+    pending_ops++;
+    s->last = o.id;
+    s->not_ready = event_delay;
+    return o.id;
+}
+
+/* Copies and memsets check their memory again when they run: what was device
+   memory when they were queued may have been unmapped since. */
+static int side_ok(const char *p, size_t n, int mem, int write) {
+    unsigned long long a = (unsigned long long)p;
+    switch (mem) {
+    case MEM_PINNED: return n == 0 || in_ranges(host_ranges, nhost, a, n);
+    case MEM_DEVICE: return device_range_ok(a, n, write);
+    default: return 1;
+    }
+}
+
+static void retire(op_t *o) {
+    free(o->staging);
+    free(o->pre);
+    o->staging = NULL;
+    o->pre = NULL;
+    o->npre = 0;
+    o->event = NULL;
+    o->done = 1;
+    pending_ops--;
+    ndone++;
+}
+
+/* Run one op whose prerequisites are done; 1 if it met an illegal address. */
+static int exec_op(op_t *o) {
+    int ok = 1;
+    if (o->kind == OP_COPY) {
+        ok = side_ok(o->dst, o->n, o->dst_mem, 1) && side_ok(o->src, o->n, o->src_mem, 0);
+        if (ok) memmove(o->dst, o->src, o->n);
+    } else if (o->kind == OP_FILL) {
+        ok = side_ok(o->dst, o->n * o->width, MEM_DEVICE, 1);
+        if (ok && o->width == 1) memset(o->dst, (int)o->value, o->n);
+        else if (ok)
+            for (size_t i = 0; i < o->n; i++) memcpy(o->dst + i * o->width, &o->value, o->width);
+    } else if (o->event) {
+        o->event->when = now_ms();
+    }
+    retire(o);
+    executed_ops++;
+    if (!ok) illegal_accesses++;
+    return !ok;
+}
+
+/* Drop the done ops from the array once they are half of it, all of them (and
+   most of its memory) once nothing is pending. */
+static void compact(void) {
+    if (pending_ops == 0) {
+        nops = ndone = 0;
+        if (cap_ops > 4096) { free(ops); ops = NULL; cap_ops = 0; }
+    } else if (ndone > 64 && ndone * 2 > nops) {
+        size_t k = 0;
+        for (size_t i = 0; i < nops; i++)
+            if (!ops[i].done) ops[k++] = ops[i];
+        nops = k;
+        ndone = 0;
+    }
+}
+
+static void push_id(unsigned long long **arr, size_t *cap, size_t *n, unsigned long long id) {
+    *arr = grow(*arr, cap, *n + 1, sizeof **arr);
+    (*arr)[(*n)++] = id;
+}
+
+static int cmp_id(const void *a, const void *b) {
+    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Under the lock. Run op `id` and, first, every pending op it follows, directly
+   or not (a walk with an explicit stack: chains are as long as the queue);
+   the number of illegal accesses met. Prerequisites have smaller ids, so
+   running what the walk reached in id order keeps every order. */
+static int run_until(unsigned long long id) {
+    op_t *o = id ? find_op(id) : NULL;
+    if (!o || o->done) return 0;
+    size_t nstack = 0, norder = 0;
+    walks++;
+    o->walk = walks;
+    push_id(&walk_stack, &cap_walk_stack, &nstack, id);
+    while (nstack) {
+        unsigned long long x = walk_stack[--nstack];
+        push_id(&walk_order, &cap_walk_order, &norder, x);
+        o = find_op(x);
+        for (int i = 0; i < o->npre; i++) {
+            op_t *p = find_op(o->pre[i]);
+            if (p && !p->done && p->walk != walks) {
+                p->walk = walks;
+                push_id(&walk_stack, &cap_walk_stack, &nstack, p->id);
+            }
+        }
+    }
+    qsort(walk_order, norder, sizeof *walk_order, cmp_id);
+    int bad = 0;
+    for (size_t i = 0; i < norder; i++) bad += exec_op(find_op(walk_order[i]));
+    compact();
+    return bad;
+}
+
+/* Under the lock. Run everything queued; the number of illegal accesses met. */
+static int run_all(void) {
+    int bad = 0;
+    for (size_t i = 0; i < nops; i++)
+        if (!ops[i].done) bad += exec_op(&ops[i]);
+    compact();
+    return bad;
+}
+
+/* Under the lock. A context destroyed: its queued work never runs. */
+static void drop_all(void) {
+    for (size_t i = 0; i < nops; i++)
+        if (!ops[i].done) retire(&ops[i]);
+    compact();
+}
+
+/* Under the lock: queue a copy (after the caller validated it) on stream s, and
+   run it (and what it follows) when `now`. */
+static CUresult queue_copy(char *dst, const char *src, size_t n, int dst_mem, int src_mem,
+                           CUstream s, int now) {
+    op_t o = {0};
+    o.kind = OP_COPY;
+    o.dst = dst;
+    o.src = src;
+    o.n = n;
+    o.dst_mem = dst_mem;
+    o.src_mem = src_mem;
+    if (src_mem == MEM_STAGED) {
+        /* The driver stages pageable memory: the caller may reuse it on return. */
+        o.staging = malloc(n ? n : 1);
+        if (!o.staging) return CUDA_ERROR_OUT_OF_MEMORY;
+        memcpy(o.staging, src, n);
+        o.src = o.staging;
+    }
+    unsigned long long id = enqueue(o, stream_of(s), 0);
+    return now && run_until(id) ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
+
+/* The counters, in this order: live events (created minus destroyed), live
+   streams (created minus destroyed; per-thread ones not counted), pending ops,
+   executed ops (illegal ones included), illegal accesses, events recorded,
+   cuEventQuery calls, cuEventSynchronize calls. Fills up to n of them into out;
+   returns how many it wrote. */
+int numba_bfc_fake_counters(long long *out, int n) {
+    pthread_mutex_lock(&lock);
+    long long v[] = {live_events, live_streams, pending_ops, executed_ops, illegal_accesses,
+                     events_recorded, event_queries, event_synchronizes};
+    pthread_mutex_unlock(&lock);
+    int k = n < 0 ? 0 : n < (int)(sizeof v / sizeof v[0]) ? n : (int)(sizeof v / sizeof v[0]);
+    if (out) memcpy(out, v, (size_t)k * sizeof v[0]);
+    return out ? k : 0;
+}
+
+/* The NOT_READY answers events recorded (and streams fed) from now on give
+   before they complete; returns the previous value. */
+int numba_bfc_fake_set_event_delay(int n) {
+    pthread_mutex_lock(&lock);
+    int old = event_delay;
+    event_delay = n < 0 ? 0 : n;
+    pthread_mutex_unlock(&lock);
+    return old;
 }
 
 /* ------------------------------------------------------------------ init, devices */
@@ -326,7 +680,9 @@ CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice dev) {
 
 /* ------------------------------------------------------------------ contexts */
 static void free_everything(void) {
-    /* A destroyed context takes its memory with it, as on a real device. */
+    /* A destroyed context takes its memory and its queued work with it, as on
+       a real device. */
+    drop_all();
     for (size_t i = nblocks; i-- > 0;)
         if (blocks[i].kind == 1) drop_block(i);
 }
@@ -416,7 +772,14 @@ CUresult cuCtxGetDevice(CUdevice *dev) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuCtxSynchronize(void) { return need_context(); }
+CUresult cuCtxSynchronize(void) {
+    CUresult rc = need_context();
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    int bad = run_all();
+    pthread_mutex_unlock(&lock);
+    return bad ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
 
 CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
     (void)ctx;
@@ -470,12 +833,15 @@ CUresult cuMemFree(CUdeviceptr dptr) {
     CUresult rc = ensure_init();
     if (rc) return rc;
     pthread_mutex_lock(&lock);
+    /* The real driver synchronizes the device here: queued work on the block
+       runs before it goes. */
+    int bad = run_all();
     long i = -1;
     if (dptr >= (CUdeviceptr)heap && dptr < (CUdeviceptr)heap + file_size)
         i = find_block(dptr - (CUdeviceptr)heap, 1);
     if (i >= 0) drop_block((size_t)i);
     pthread_mutex_unlock(&lock);
-    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return i < 0 ? CUDA_ERROR_INVALID_VALUE : bad ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }
 
 CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr dptr) {
@@ -496,72 +862,90 @@ CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
 }
 
 /* ------------------------------------------------------------------ copies and memsets */
-static CUresult copy(void *dst, const void *src, size_t n, int dst_dev, int src_dev) {
+static int pinned(const void *p, size_t n) {
+    return in_ranges(host_ranges, nhost, (unsigned long long)p, n);
+}
+
+/* A copy, validated now and queued on stream s. Synchronous copies (async 0)
+   are on the default stream (s NULL) and return done. Async ones return at
+   once, except into pageable host memory (the driver must finish before the
+   caller can see the bytes); from pageable host memory they stage the source. */
+static CUresult copy(void *dst, const void *src, size_t n, int dst_dev, int src_dev, CUstream s,
+                     int async) {
     CUresult rc = need_context();
     if (rc) return rc;
     pthread_mutex_lock(&lock);
-    int ok = (!dst_dev || device_range_ok((unsigned long long)dst, n))
-          && (!src_dev || device_range_ok((unsigned long long)src, n));
+    int ok = (!dst_dev || device_range_ok((unsigned long long)dst, n, 1))
+          && (!src_dev || device_range_ok((unsigned long long)src, n, 0));
+    if (ok) {
+        int dst_mem = dst_dev ? MEM_DEVICE : async && pinned(dst, n) ? MEM_PINNED : MEM_HOST;
+        int src_mem = src_dev ? MEM_DEVICE : !async ? MEM_HOST
+                    : pinned(src, n) ? MEM_PINNED : MEM_STAGED;
+        rc = queue_copy(dst, src, n, dst_mem, src_mem, s, !async || dst_mem == MEM_HOST);
+    }
     pthread_mutex_unlock(&lock);
-    if (!ok) return CUDA_ERROR_INVALID_VALUE;
-    memmove(dst, src, n);
-    return CUDA_SUCCESS;
+    return ok ? rc : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
-    return copy((void *)dst, src, n, 1, 0);
+    return copy((void *)dst, src, n, 1, 0, NULL, 0);
 }
 CUresult cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
-    return copy(dst, (const void *)src, n, 0, 1);
+    return copy(dst, (const void *)src, n, 0, 1, NULL, 0);
 }
 CUresult cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    return copy((void *)dst, (const void *)src, n, 1, 1);
+    return copy((void *)dst, (const void *)src, n, 1, 1, NULL, 0);
 }
 CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    return copy((void *)dst, (const void *)src, n, 1, 1);
+    return copy((void *)dst, (const void *)src, n, 1, 1, NULL, 0);
 }
 CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
-    (void)s;
-    return cuMemcpyHtoD(dst, src, n);
+    return copy((void *)dst, src, n, 1, 0, s, 1);
 }
 CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s) {
-    (void)s;
-    return cuMemcpyDtoH(dst, src, n);
+    return copy(dst, (const void *)src, n, 0, 1, s, 1);
 }
 CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-    (void)s;
-    return cuMemcpyDtoD(dst, src, n);
+    return copy((void *)dst, (const void *)src, n, 1, 1, s, 1);
 }
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-    (void)s;
-    return cuMemcpy(dst, src, n);
+    return copy((void *)dst, (const void *)src, n, 1, 1, s, 1);
 }
 
-static CUresult fill(CUdeviceptr dst, unsigned int value, size_t count, size_t width) {
+/* A memset of count elements of width bytes, queued on stream s. Even the
+   synchronous ones (async 0, on the default stream) return before they run,
+   except into pinned host memory. */
+static CUresult fill(CUdeviceptr dst, unsigned int value, size_t count, size_t width, CUstream s,
+                     int async) {
     CUresult rc = need_context();
     if (rc) return rc;
     pthread_mutex_lock(&lock);
-    int ok = device_range_ok(dst, count * width);
+    int ok = device_range_ok(dst, count * width, 1), bad = 0;
+    if (ok) {
+        op_t o = {0};
+        o.kind = OP_FILL;
+        o.dst = (char *)dst;
+        o.n = count;
+        o.width = width;
+        o.value = value;
+        unsigned long long id = enqueue(o, stream_of(s), 0);
+        if (!async && pinned((void *)dst, count * width)) bad = run_until(id);
+    }
     pthread_mutex_unlock(&lock);
-    if (!ok) return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < count; i++) memcpy((char *)dst + i * width, &value, width);
-    return CUDA_SUCCESS;
+    return !ok ? CUDA_ERROR_INVALID_VALUE : bad ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }
 
-CUresult cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n) { return fill(d, v, n, 1); }
-CUresult cuMemsetD16(CUdeviceptr d, unsigned short v, size_t n) { return fill(d, v, n, 2); }
-CUresult cuMemsetD32(CUdeviceptr d, unsigned int v, size_t n) { return fill(d, v, n, 4); }
+CUresult cuMemsetD8(CUdeviceptr d, unsigned char v, size_t n) { return fill(d, v, n, 1, NULL, 0); }
+CUresult cuMemsetD16(CUdeviceptr d, unsigned short v, size_t n) { return fill(d, v, n, 2, NULL, 0); }
+CUresult cuMemsetD32(CUdeviceptr d, unsigned int v, size_t n) { return fill(d, v, n, 4, NULL, 0); }
 CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
-    (void)s;
-    return fill(d, v, n, 1);
+    return fill(d, v, n, 1, s, 1);
 }
 CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) {
-    (void)s;
-    return fill(d, v, n, 2);
+    return fill(d, v, n, 2, s, 1);
 }
 CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) {
-    (void)s;
-    return fill(d, v, n, 4);
+    return fill(d, v, n, 4, s, 1);
 }
 
 /* ------------------------------------------------------------------ host memory */
@@ -588,11 +972,20 @@ CUresult cuMemHostRegister(void *p, size_t size, unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemHostUnregister(void *p) {
+/* As the real driver, synchronize first: queued copies to or from the memory
+   run while it is still pinned. *bad: illegal accesses met doing so. */
+static CUresult host_unregister(void *p, int *bad) {
     pthread_mutex_lock(&lock);
+    *bad = run_all();
     int ok = remove_range(host_ranges, &nhost, (unsigned long long)p);
     pthread_mutex_unlock(&lock);
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemHostUnregister(void *p) {
+    int bad;
+    CUresult rc = host_unregister(p, &bad);
+    return rc ? rc : bad ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }
 
 CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
@@ -605,9 +998,10 @@ CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
 }
 
 CUresult cuMemFreeHost(void *p) {
-    CUresult rc = cuMemHostUnregister(p);
+    int bad;
+    CUresult rc = host_unregister(p, &bad);
     if (rc == CUDA_SUCCESS) free(p);
-    return rc;
+    return rc ? rc : bad ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }
 
 CUresult cuMemHostGetDevicePointer(CUdeviceptr *dptr, void *p, unsigned int flags) {
@@ -677,26 +1071,73 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
 }
 
 /* ------------------------------------------------------------------ streams, events */
+static int special_stream(CUstream s) {
+    return s == NULL || s == STREAM_LEGACY || s == STREAM_PER_THREAD;
+}
+
 CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
     CUresult rc = need_context();
     if (rc) return rc;
-    *s = malloc(sizeof **s);
-    (*s)->flags = (int)flags;
+    struct fake_stream *st = calloc(1, sizeof *st);
+    if (!st) return CUDA_ERROR_OUT_OF_MEMORY;
+    st->flags = (int)flags;
+    pthread_mutex_lock(&lock);
+    st->next = streams;
+    streams = st;
+    live_streams++;
+    pthread_mutex_unlock(&lock);
+    *s = st;
     return CUDA_SUCCESS;
 }
 CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int priority) {
     (void)priority;
     return cuStreamCreate(s, flags);
 }
-CUresult cuStreamDestroy(CUstream s) { free(s); return CUDA_SUCCESS; }
-CUresult cuStreamSynchronize(CUstream s) { (void)s; return need_context(); }
-CUresult cuStreamQuery(CUstream s) { (void)s; return need_context(); }
+CUresult cuStreamDestroy(CUstream s) {
+    if (special_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&lock);
+    /* Its queued work still runs (a real device finishes it after the call
+       returns); running it now keeps the order the legacy stream had with it. */
+    int bad = run_until(s->last);
+    unlink_stream(s);
+    live_streams--;
+    pthread_mutex_unlock(&lock);
+    free(s);
+    return bad ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
+CUresult cuStreamSynchronize(CUstream s) {
+    CUresult rc = need_context();
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    int bad = run_until(stream_of(s)->last);
+    pthread_mutex_unlock(&lock);
+    return bad ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
+CUresult cuStreamQuery(CUstream s) {
+    CUresult rc = need_context();
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    struct fake_stream *st = stream_of(s);
+    if (!op_pending(st->last)) rc = CUDA_SUCCESS;
+    else if (st->not_ready > 0) { st->not_ready--; rc = CUDA_ERROR_NOT_READY; }
+    else rc = run_until(st->last) ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
-    (void)s; (void)e; (void)flags;
-    return need_context();
+    (void)flags;
+    CUresult rc = need_context();
+    if (rc) return rc;
+    pthread_mutex_lock(&lock);
+    op_t o = {0};
+    o.kind = OP_MARKER;
+    /* An event never recorded orders nothing, as in CUDA. */
+    enqueue(o, stream_of(s), e && e->recorded ? e->marker : 0);
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
 }
 CUresult cuStreamGetFlags(CUstream s, unsigned int *flags) {
-    *flags = s ? (unsigned int)s->flags : 0;
+    *flags = special_stream(s) ? 0 : (unsigned int)s->flags;
     return CUDA_SUCCESS;
 }
 
@@ -705,21 +1146,71 @@ CUresult cuEventCreate(CUevent *e, unsigned int flags) {
     CUresult rc = need_context();
     if (rc) return rc;
     *e = calloc(1, sizeof **e);
+    if (!*e) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    live_events++;
+    pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
-CUresult cuEventDestroy(CUevent e) { free(e); return CUDA_SUCCESS; }
+
+/* Under the lock: e's pending marker, if any, no longer times it. */
+static void detach_marker(CUevent e) {
+    op_t *o = e->recorded ? find_op(e->marker) : NULL;
+    if (o && !o->done) o->event = NULL;
+}
+
+CUresult cuEventDestroy(CUevent e) {
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&lock);
+    detach_marker(e);  /* destroying an event with a pending record is legal */
+    live_events--;
+    pthread_mutex_unlock(&lock);
+    free(e);
+    return CUDA_SUCCESS;
+}
 CUresult cuEventRecord(CUevent e, CUstream s) {
-    (void)s;
-    e->when = now_ms();
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&lock);
+    detach_marker(e);  /* a record replaces the previous one */
+    op_t o = {0};
+    o.kind = OP_MARKER;
+    o.event = e;
+    e->marker = enqueue(o, stream_of(s), 0);
     e->recorded = 1;
+    e->not_ready = event_delay;
+    events_recorded++;
+    pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
-CUresult cuEventSynchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }
-CUresult cuEventQuery(CUevent e) { (void)e; return CUDA_SUCCESS; }
+CUresult cuEventSynchronize(CUevent e) {
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&lock);
+    event_synchronizes++;
+    int bad = e->recorded ? run_until(e->marker) : 0;
+    pthread_mutex_unlock(&lock);
+    return bad ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
+CUresult cuEventQuery(CUevent e) {
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc;
+    pthread_mutex_lock(&lock);
+    event_queries++;
+    if (!e->recorded || !op_pending(e->marker)) rc = CUDA_SUCCESS;
+    else if (e->not_ready > 0) { e->not_ready--; rc = CUDA_ERROR_NOT_READY; }
+    else rc = run_until(e->marker) ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
 CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
-    if (!start->recorded || !end->recorded) return CUDA_ERROR_INVALID_HANDLE;
-    *ms = (float)(end->when - start->when);
-    return CUDA_SUCCESS;
+    if (!start || !end) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&lock);
+    int bad = (start->recorded ? run_until(start->marker) : 0)
+            + (end->recorded ? run_until(end->marker) : 0);
+    int recorded = start->recorded && end->recorded;
+    if (recorded) *ms = (float)(end->when - start->when);
+    pthread_mutex_unlock(&lock);
+    if (!recorded) return CUDA_ERROR_INVALID_HANDLE;
+    return bad ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------ virtual memory */
@@ -844,7 +1335,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
         mprotect((void *)ptr, size, prot);
         for (p = ptr; p < ptr + size;) {
             long m = mapping_at(p);
-            mappings[m].accessible = prot != PROT_NONE;
+            mappings[m].access = prot == PROT_NONE ? 0 : prot & PROT_WRITE ? 3 : 1;
             p += mappings[m].size;
         }
     }
@@ -865,6 +1356,8 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
         else p += mappings[m].size;
     }
     if (rc == CUDA_SUCCESS && size == 0) rc = CUDA_ERROR_INVALID_VALUE;
+    /* No synchronization, as on the real driver: work queued on the range
+       finds it gone when it runs (an illegal access). */
     while (rc == CUDA_SUCCESS && ptr < p) {
         long m = mapping_at(ptr);
         mapping_t mp = mappings[m];
@@ -937,6 +1430,58 @@ ALIAS(cuStreamDestroy_v2, cuStreamDestroy)
 ALIAS(cuEventDestroy_v2, cuEventDestroy)
 ALIAS(cuEventElapsedTime_v2, cuEventElapsedTime)
 
+/* Per-thread default stream variants: the same function with stream 0 (and
+   the default stream of the synchronous calls) meaning the calling thread's
+   per-thread stream. cuGetProcAddress hands them out for
+   CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, as the real driver does:
+   <name>_ptsz for calls that take a stream, <name>_ptds for those that use
+   the default stream implicitly. */
+#define PER_THREAD(variant, base, params, args)          \
+    CUresult variant params {                            \
+        int was = ptds_call;                             \
+        ptds_call = 1;                                   \
+        CUresult rc = base args;                         \
+        ptds_call = was;                                 \
+        return rc;                                       \
+    }
+PER_THREAD(cuMemcpyHtoDAsync_ptsz, cuMemcpyHtoDAsync,
+           (CUdeviceptr d, const void *h, size_t n, CUstream s), (d, h, n, s))
+PER_THREAD(cuMemcpyDtoHAsync_ptsz, cuMemcpyDtoHAsync,
+           (void *h, CUdeviceptr d, size_t n, CUstream s), (h, d, n, s))
+PER_THREAD(cuMemcpyDtoDAsync_ptsz, cuMemcpyDtoDAsync,
+           (CUdeviceptr d, CUdeviceptr e, size_t n, CUstream s), (d, e, n, s))
+PER_THREAD(cuMemcpyAsync_ptsz, cuMemcpyAsync,
+           (CUdeviceptr d, CUdeviceptr e, size_t n, CUstream s), (d, e, n, s))
+PER_THREAD(cuMemsetD8Async_ptsz, cuMemsetD8Async,
+           (CUdeviceptr d, unsigned char v, size_t n, CUstream s), (d, v, n, s))
+PER_THREAD(cuMemsetD16Async_ptsz, cuMemsetD16Async,
+           (CUdeviceptr d, unsigned short v, size_t n, CUstream s), (d, v, n, s))
+PER_THREAD(cuMemsetD32Async_ptsz, cuMemsetD32Async,
+           (CUdeviceptr d, unsigned int v, size_t n, CUstream s), (d, v, n, s))
+PER_THREAD(cuEventRecord_ptsz, cuEventRecord, (CUevent e, CUstream s), (e, s))
+PER_THREAD(cuStreamSynchronize_ptsz, cuStreamSynchronize, (CUstream s), (s))
+PER_THREAD(cuStreamQuery_ptsz, cuStreamQuery, (CUstream s), (s))
+PER_THREAD(cuStreamWaitEvent_ptsz, cuStreamWaitEvent, (CUstream s, CUevent e, unsigned int f),
+           (s, e, f))
+PER_THREAD(cuStreamGetFlags_ptsz, cuStreamGetFlags, (CUstream s, unsigned int *f), (s, f))
+PER_THREAD(cuMemcpyHtoD_ptds, cuMemcpyHtoD, (CUdeviceptr d, const void *h, size_t n), (d, h, n))
+PER_THREAD(cuMemcpyDtoH_ptds, cuMemcpyDtoH, (void *h, CUdeviceptr d, size_t n), (h, d, n))
+PER_THREAD(cuMemcpyDtoD_ptds, cuMemcpyDtoD, (CUdeviceptr d, CUdeviceptr e, size_t n), (d, e, n))
+PER_THREAD(cuMemcpy_ptds, cuMemcpy, (CUdeviceptr d, CUdeviceptr e, size_t n), (d, e, n))
+PER_THREAD(cuMemsetD8_ptds, cuMemsetD8, (CUdeviceptr d, unsigned char v, size_t n), (d, v, n))
+PER_THREAD(cuMemsetD16_ptds, cuMemsetD16, (CUdeviceptr d, unsigned short v, size_t n), (d, v, n))
+PER_THREAD(cuMemsetD32_ptds, cuMemsetD32, (CUdeviceptr d, unsigned int v, size_t n), (d, v, n))
+/* ... and under the real library's versioned names. */
+ALIAS(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync_ptsz)
+ALIAS(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync_ptsz)
+ALIAS(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync_ptsz)
+ALIAS(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD_ptds)
+ALIAS(cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH_ptds)
+ALIAS(cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD_ptds)
+ALIAS(cuMemsetD8_v2_ptds, cuMemsetD8_ptds)
+ALIAS(cuMemsetD16_v2_ptds, cuMemsetD16_ptds)
+ALIAS(cuMemsetD32_v2_ptds, cuMemsetD32_ptds)
+
 typedef int CUdriverProcAddressQueryResult;
 
 static void *self_handle(void) {
@@ -949,16 +1494,33 @@ static void *self_handle(void) {
     return h;
 }
 
-CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
-                             CUdriverProcAddressQueryResult *status) {
-    (void)version; (void)flags;
+/* This library's own function of that name, never one of a library it links. */
+static void *own_symbol(const char *name) {
     void *h = self_handle();
-    void *f = h ? dlsym(h, symbol) : NULL;
+    void *f = h ? dlsym(h, name) : NULL;
     Dl_info mine, found;
-    /* Only this library's own functions, never one of a library it links. */
     if (f && !(dladdr((void *)cuInit, &mine) && dladdr(f, &found)
                && mine.dli_fbase == found.dli_fbase))
         f = NULL;
+    return f;
+}
+
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status) {
+    (void)version;
+    void *f = NULL;
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+        /* cuda-bindings asks this way under CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1. */
+        static const char *suffixes[] = {"_ptsz", "_ptds"};
+        for (int i = 0; !f && i < 2; i++) {
+            char name[256];
+            if (snprintf(name, sizeof name, "%s%s", symbol, suffixes[i]) < (int)sizeof name)
+                f = own_symbol(name);
+        }
+    }
+    if (!f) f = own_symbol(symbol);
     *pfn = f;
     if (status) *status = f ? 0 : 1;  /* CU_GET_PROC_ADDRESS_SUCCESS / SYMBOL_NOT_FOUND */
     return f ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;

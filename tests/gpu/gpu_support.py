@@ -123,6 +123,77 @@ def default_numba_context():
         drv._memory_manager = saved
 
 
+# ---------------------------------------------------------------------- streams
+FAKE_COUNTERS = ("live_events", "live_streams", "pending_ops", "executed_ops",
+                 "illegal_accesses", "events_recorded", "event_queries", "event_syncs")
+
+
+def fake_counters() -> dict:
+    """The fake driver's counters (``numba_bfc_fake_counters``); fake driver only."""
+    import ctypes
+
+    out = (ctypes.c_longlong * len(FAKE_COUNTERS))()
+    n = fake_cuda.preload().numba_bfc_fake_counters(out, len(FAKE_COUNTERS))
+    return dict(zip(FAKE_COUNTERS[:n], out[:n]))
+
+
+@contextlib.contextmanager
+def fake_event_delay(queries: int):
+    """Events recorded inside answer ``queries`` queries with NOT_READY before
+    completing (a device lagging the host); a no-op on a real GPU."""
+    if not FAKE_DEVICE:
+        yield
+        return
+    lib = fake_cuda.preload()
+    old = lib.numba_bfc_fake_set_event_delay(queries)
+    try:
+        yield
+    finally:
+        lib.numba_bfc_fake_set_event_delay(old)
+
+
+@contextlib.contextmanager
+def non_blocking_stream():
+    """A Numba stream created with ``CU_STREAM_NON_BLOCKING`` (not ordered by the
+    legacy default stream), destroyed on exit."""
+    from numba import cuda
+    from numba.cuda.cudadrv import driver as drv
+
+    handle = drv.driver.cuStreamCreate(1)  # CU_STREAM_NON_BLOCKING
+    try:
+        yield cuda.external_stream(int(handle))
+    finally:
+        drv.driver.cuStreamSynchronize(handle)
+        drv.driver.cuStreamDestroy(handle)
+
+
+_spin_kernel = None
+
+
+def slow_fill(arr, byte: int, stream) -> None:
+    """Queue on ``stream`` work that writes ``byte`` over ``arr`` late.
+
+    On a GPU a kernel first sleeps about 50 ms, so the write lands long after
+    work queued on other streams; on the fake driver queued work runs only
+    when something waits for it, which is later still.
+    """
+    global _spin_kernel
+    from numba.cuda.cudadrv import driver as drv
+
+    if KERNELS:
+        if _spin_kernel is None:
+            from numba import cuda
+
+            @cuda.jit
+            def spin(n):
+                for _ in range(n):
+                    cuda.nanosleep(1000000)  # 1 ms, the most one call sleeps
+
+            _spin_kernel = spin
+        _spin_kernel[1, 1, stream](50)
+    drv.device_memset(arr, byte, arr.nbytes, stream=stream)
+
+
 @contextlib.contextmanager
 def count_driver_calls(names=("cuMemAlloc", "cuMemFree", "cuMemCreate", "cuMemMap",
                               "cuMemSetAccess", "cuMemUnmap", "cuMemRelease",
