@@ -498,3 +498,35 @@ def test_a_lagging_device_does_not_grow_the_pool_without_bound():
     assert 32 * MiB <= peak <= 96 * MiB, peak
     assert 50 <= dev.waits < 200  # the first ones ran ahead without waiting
     check(mgr)
+
+
+def test_module_level_record_stream_and_empty_cache(monkeypatch):
+    """``numba_bfc.record_stream`` finds the block behind a Numba pointer (or a view,
+    a CuPy-style array, an array interface) and its manager;
+    ``numba_bfc.empty_cache`` waits for pending blocks and empties the pool."""
+    import types
+
+    import numba_bfc
+
+    dev = ScriptedDevice()
+    mgr = make_manager(stream_safety=dev)
+    mgr.context.memory_manager = mgr
+    monkeypatch.setattr(cuda, "current_context", lambda devnum=None: mgr.context)
+    p = mgr.memalloc(MiB)
+    view = p.view(4096)  # an OwnedPointer into the block, as a slice holds
+    assert numba_bfc.record_stream(view, NON_BLOCKING_A) is True
+    assert numba_bfc.record_stream(p, NON_BLOCKING_B) is True
+    cupy_like = types.SimpleNamespace(data=types.SimpleNamespace(
+        mem=types.SimpleNamespace(ptr=addr(p))))
+    assert numba_bfc.record_stream(cupy_like, BLOCKING) is False  # blocking: nothing to do
+    interface = types.SimpleNamespace(__cuda_array_interface__={"data": (addr(p) + 64, False)})
+    with pytest.raises(ValueError, match="not the start of a live block"):
+        numba_bfc.record_stream(interface, NON_BLOCKING_A)
+    with pytest.raises(TypeError, match="not a device array"):
+        numba_bfc.record_stream(object(), NON_BLOCKING_A)
+    assert mgr.stream_safety_stats().recorded_streams == 1  # one block, two streams
+    work = dev.submit(NON_BLOCKING_A), dev.submit(NON_BLOCKING_B)
+    del p, view
+    assert numba_bfc.empty_cache() is True  # waited on both streams, region back
+    assert dev.records == 3 and not any(dev.pending(w) for w in work)
+    assert mgr.pending_frees == 0 and mgr.backend.bytes_held == 0

@@ -454,20 +454,38 @@ def test_per_thread_default_stream_mode_makes_stream_0_per_thread():
                           "legacy_event_waits_for_stream_0": [B, A]}
 
 
-def test_gpu_suite_passes_on_the_fake_driver(tmp_path):
-    """``NUMBA_BFC_FAKE_CUDA=1 python -m pytest -m cuda tests/gpu``: every test that
-    needs no kernel runs, and passes."""
+def _run_gpu_tests(tmp_path, target, **env):
+    """``pytest -m cuda target`` on the fake driver; its test cases (JUnit XML)."""
     report = tmp_path / "gpu.xml"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
-         str(GPU_DIR), f"--junitxml={report}"],
-        capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=900)
+         str(target), f"--junitxml={report}"],
+        capture_output=True, text=True, cwd=ROOT, env=_env(**env), timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    cases = list(ET.parse(report).getroot().iter("testcase"))
-    skipped = [c.get("name") for c in cases if c.find("skipped") is not None]
+    return list(ET.parse(report).getroot().iter("testcase"))
+
+
+def _skipped(cases):
+    return [c.get("name") for c in cases if c.find("skipped") is not None]
+
+
+def test_gpu_suite_passes_on_the_fake_driver(tmp_path):
+    """``NUMBA_BFC_FAKE_CUDA=1 python -m pytest -m cuda tests/gpu``: every test that
+    needs no kernel runs, and passes."""
+    cases = _run_gpu_tests(tmp_path, GPU_DIR)
     # Only the CuPy test needs a kernel; everything else ran.
-    assert skipped == ["test_cupy_arrays_come_from_the_shared_pool"], skipped
-    assert len(cases) - len(skipped) >= 40
+    assert _skipped(cases) == ["test_cupy_arrays_come_from_the_shared_pool"], _skipped(cases)
+    assert len(cases) >= 70
+
+
+def test_stream_safety_holds_in_per_thread_default_stream_mode(tmp_path):
+    """With ``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1`` Numba's default stream and
+    its synchronous copies are each thread's per-thread stream, not the legacy
+    one; the plugin's legacy-stream events still order them (they are blocking
+    streams), so the stream-safety tests pass unchanged."""
+    cases = _run_gpu_tests(tmp_path, GPU_DIR / "test_gpu_stream_safety.py",
+                           CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM="1")
+    assert _skipped(cases) == [] and len(cases) >= 30
 
 
 def test_numba_cuda_own_tests_pass_as_with_numbas_manager(tmp_path):
