@@ -25,6 +25,7 @@ __all__ = [
     "CudaUnavailableError",
     "CudaSubAllocator",
     "CudaVirtualSubAllocator",
+    "context_pushed",
     "cuda_available",
     "cuda_driver",
 ]
@@ -91,6 +92,20 @@ def cuda_available() -> bool:
     return True
 
 
+@contextlib.contextmanager
+def context_pushed(driver: Any, handle: Any) -> Iterator[None]:
+    """Make the context ``handle`` current for the block (pushed, then popped,
+    unless it is current already), through Numba's ``driver`` object."""
+    if int(driver.cuCtxGetCurrent()) == int(handle):
+        yield
+        return
+    driver.cuCtxPushCurrent(handle)
+    try:
+        yield
+    finally:
+        driver.cuCtxPopCurrent()
+
+
 def _resolve_context(drvmod: Any, device: int | None, context: Any) -> Any:
     """The Numba ``Context`` regions are allocated in."""
     if context is not None:
@@ -137,23 +152,14 @@ class _CudaBackend(SubAllocator):
         ctx = _resolve_context(drvmod, device, context)
         self.device_id = _device_ordinal(ctx)
         self._ctx_handle = ctx.handle
-        self._ctx_int = int(ctx.handle)
         self.driver_calls = 0
         _free, total = self.memory_info()
         self.capacity = int(total)
 
-    @contextlib.contextmanager
-    def _current(self) -> Iterator[None]:
+    def _current(self) -> contextlib.AbstractContextManager:
         # Regions may be released with no context current: Numba's device reset
         # pops every context before calling the memory manager's reset().
-        if int(self._drv.cuCtxGetCurrent()) == self._ctx_int:
-            yield
-            return
-        self._drv.cuCtxPushCurrent(self._ctx_handle)
-        try:
-            yield
-        finally:
-            self._drv.cuCtxPopCurrent()
+        return context_pushed(self._drv, self._ctx_handle)
 
     def _call(self, name: str, *args: Any) -> Any:
         self.driver_calls += 1

@@ -596,8 +596,7 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 out = {"allocated_bytes.all.current": int(st.bytes_in_use),
                        "allocated_bytes.all.peak": int(st.peak_bytes_in_use),
                        "reserved_bytes.all.current": int(st.bytes_reserved),
-                       "reserved_bytes.all.peak": int(st.peak_bytes_reserved),
-                       "num_alloc_retries": 0}
+                       "reserved_bytes.all.peak": int(st.peak_bytes_reserved)}
             pending = self._frees.stats()
         out.update({
             "pending_free_bytes.all.current": pending.pending_bytes,

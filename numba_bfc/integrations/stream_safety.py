@@ -44,7 +44,7 @@ import contextlib
 import ctypes
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
@@ -131,8 +131,9 @@ class FenceSource(Protocol):
         """``token`` is no longer needed (its event may be reused)."""
 
     def is_blocking(self, stream: int) -> bool:
-        """True if the legacy default stream orders ``stream``'s work (not created
-        with ``CU_STREAM_NON_BLOCKING``)."""
+        """True if the legacy default stream orders ``stream``'s work: the default,
+        legacy and per-thread streams (handles 0, 1, 2), and streams not created
+        with ``CU_STREAM_NON_BLOCKING``."""
 
     def close(self) -> None:
         """Release what the source holds (events)."""
@@ -263,8 +264,7 @@ class PendingFrees:
         if self._fences is None:
             return False
         handle = stream_handle(stream)
-        if self.gated and (handle in (DEFAULT_STREAM, LEGACY_STREAM, PER_THREAD_STREAM)
-                             or self._fences.is_blocking(handle)):
+        if self.gated and self._fences.is_blocking(handle):
             return False
         # The stream object stays referenced until the event is recorded, so a
         # Numba stream is not destroyed before the free is fenced.
@@ -283,7 +283,7 @@ class PendingFrees:
             if uses and entry[0] in uses:
                 parked.append(entry)
                 continue
-            deallocate(entry[0])
+            deallocate(entry[0])  # inline, not _return: once per allocation
             done += 1
             freed += entry[1] + 511 & ~511
         self.live_bytes -= freed
@@ -321,19 +321,18 @@ class PendingFrees:
         """Wait for the oldest fence and return its blocks (0 if none is pending)."""
         if not self._batches:
             return 0
-        for token in self._batches[0][0]:
-            self._wait(token)
+        self._completed(self._batches[0][0], block=True)
         return self._release_batch()
 
     def clear(self, wait: bool) -> None:
         """Forget every pending block (the allocator is going away); with
         ``wait``, first wait for their fences so no device work still uses them."""
-        tokens = [t for b in self._batches for t in b[0] if t is not None]
-        tokens += [t for b in self._parked for t in b[0] if t is not None]
-        for token in tokens:
+        for tokens, _blocks in (*self._batches, *self._parked):
             if wait:
-                self._wait(token)
-            self._fences.recycle(token)
+                self._completed(tokens, block=True)
+            for token in tokens:
+                if token is not None:
+                    self._fences.recycle(token)
         self._batches.clear()
         self._parked.clear()
         self.entries.clear()
@@ -373,68 +372,64 @@ class PendingFrees:
             streams.update(self.stream_uses.pop(address, ()))
         return [self._record(handle) for handle in streams]
 
-    def _release_completed(self) -> int:
-        batches, done = self._batches, 0
-        while batches:
-            tokens = batches[0][0]
-            for i, token in enumerate(tokens):
-                if token is None:
-                    continue
+    def _completed(self, tokens: list, block: bool) -> bool:
+        """Whether every token of a fence has completed, waiting for each with
+        ``block``; completed ones are recycled and set to None (not asked again)."""
+        for i, token in enumerate(tokens):
+            if token is None:
+                continue
+            if block:
+                self._waits += 1
+                self._fences.wait(token)
+            else:
                 self._queries += 1
                 if not self._fences.query(token):
-                    return done
-                self._fences.recycle(token)
-                tokens[i] = None  # complete: never asked again
+                    return False
+            self._fences.recycle(token)
+            tokens[i] = None
+        return True
+
+    def _return(self, blocks: Iterable[tuple[int, int]]) -> None:
+        """Give ``(address, nbytes)`` blocks back to the allocator (blocks that
+        waited for recorded streams in off mode)."""
+        deallocate, freed = self._deallocate, 0
+        for address, nbytes in blocks:
+            deallocate(address)
+            freed += nbytes + 511 & ~511
+        self.live_bytes -= freed
+
+    def _release_completed(self) -> int:
+        done = 0
+        while self._batches and self._completed(self._batches[0][0], block=False):
             done += self._release_batch()
         return done
 
     def _release_batch(self) -> int:
-        tokens, count = self._batches.popleft()
-        for token in tokens:
-            if token is not None:
-                self._fences.recycle(token)
+        """Return the oldest fence's blocks (its tokens completed)."""
+        _tokens, count = self._batches.popleft()
+        # _return's loop, inline: this one runs for every block in events mode,
+        # and a generator feeding _return costs a tenth of an allocation per block.
         entries, deallocate, freed = self.entries, self._deallocate, 0
         for _ in range(count):
             address, nbytes = entries.popleft()
             deallocate(address)
             freed += nbytes + 511 & ~511
+        self.live_bytes -= freed
         self._fenced -= count
         self.reclaim_at = self._fenced + MAX_UNFENCED
-        self.live_bytes -= freed
         return count
 
     def _release_parked(self, block: bool) -> int:
-        done, freed = 0, 0
-        while self._parked:
-            tokens, batch = self._parked[0]
-            for i, token in enumerate(tokens):
-                if token is None:
-                    continue
-                if block:
-                    self._wait(token)
-                else:
-                    self._queries += 1
-                    if not self._fences.query(token):
-                        self.live_bytes -= freed
-                        return done
-                self._fences.recycle(token)
-                tokens[i] = None
-            self._parked.popleft()
-            for address, nbytes in batch:
-                self._deallocate(address)
-                freed += nbytes + 511 & ~511
-            done += len(batch)
-        self.live_bytes -= freed
+        done = 0
+        while self._parked and self._completed(self._parked[0][0], block):
+            _tokens, blocks = self._parked.popleft()
+            self._return(blocks)
+            done += len(blocks)
         return done
 
     def _record(self, stream: int) -> Any:
         self._records += 1
         return self._fences.record(stream)
-
-    def _wait(self, token: Any) -> None:
-        if token is not None:
-            self._waits += 1
-            self._fences.wait(token)
 
 
 # ---------------------------------------------------------------------------- CUDA events
@@ -490,23 +485,14 @@ class CudaEventFences:
         drvmod, _binding = cuda_backends.cuda_driver()
         self._drvmod = drvmod
         self._ctx_handle = context.handle
-        self._ctx_int = int(context.handle)
+        self._context_pushed = cuda_backends.context_pushed
         self._free: list[int] = []
         self._created = 0
         self._record_fn, self._query_fn = _entry_points(drvmod)
 
-    @contextlib.contextmanager
-    def _current(self) -> Iterator[None]:
+    def _current(self) -> contextlib.AbstractContextManager:
         # Numba's device reset pops every context before the manager's reset().
-        drv = self._drvmod.driver
-        if int(drv.cuCtxGetCurrent()) == self._ctx_int:
-            yield
-            return
-        drv.cuCtxPushCurrent(self._ctx_handle)
-        try:
-            yield
-        finally:
-            drv.cuCtxPopCurrent()
+        return self._context_pushed(self._drvmod.driver, self._ctx_handle)
 
     def _fail(self, what: str, code: int) -> Exception:
         return self._drvmod.CudaAPIError(code, f"{what} failed with CUresult {code}")
