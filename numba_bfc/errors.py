@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["OutOfMemoryError", "InvalidPointerError"]
@@ -13,6 +14,14 @@ class OutOfMemoryError(MemoryError):
     Carries what a user needs to tell fragmentation from real exhaustion: the
     request, its rounded size, the allocator's stats at the time, the per-bin
     summary and the occupancy map.
+
+    The message, ``stats`` and ``reason`` are fixed when the error is raised.
+    The bin summary and the occupancy map cost far more than the failed
+    allocation itself (a pass over every chunk), so allocators build them on
+    first read of either attribute, from the allocator as it is then. That is
+    the allocator at the failure unless it changed in between, which
+    ``report_stale`` says (read the report right away, in the ``except``
+    block, to get it exact).
 
     Attributes
     ----------
@@ -28,6 +37,10 @@ class OutOfMemoryError(MemoryError):
         One entry per bin (see ``BFCAllocator.memory_map``).
     occupancy : str
         ``render_occupancy()`` at the time of the failure.
+    report_stale : bool
+        True if the allocator had changed (or was gone) when ``bin_summary``
+        or ``occupancy`` was first read: both then describe it at that read,
+        not at the failure.
     reason : str
         Short reason: ``"limit"`` (larger than the memory limit),
         ``"fragmentation"`` (enough free bytes in the pool, none contiguous),
@@ -46,6 +59,7 @@ class OutOfMemoryError(MemoryError):
         bin_summary: list[dict] | None = None,
         occupancy: str = "",
         reason: str = "exhausted",
+        report: Callable[[], tuple[list[dict], str, bool]] | None = None,
     ) -> None:
         super().__init__(message)
         self.allocator_name = allocator_name
@@ -53,9 +67,38 @@ class OutOfMemoryError(MemoryError):
         self.rounded_bytes = rounded_bytes
         self.alignment = alignment
         self.stats = stats
-        self.bin_summary = bin_summary or []
-        self.occupancy = occupancy
         self.reason = reason
+        self._bin_summary = bin_summary or []
+        self._occupancy = occupancy
+        self._report_stale = False
+        self._report = report  # () -> (bin_summary, occupancy, stale), called once
+
+    def _built(self) -> None:
+        if self._report is not None:
+            report, self._report = self._report, None
+            self._bin_summary, self._occupancy, self._report_stale = report()
+
+    @property
+    def bin_summary(self) -> list[dict]:
+        self._built()
+        return self._bin_summary
+
+    @property
+    def occupancy(self) -> str:
+        self._built()
+        return self._occupancy
+
+    @property
+    def report_stale(self) -> bool:
+        self._built()
+        return self._report_stale
+
+    def report_keywords(self) -> dict:
+        """Keywords for ``OutOfMemoryError(...)`` that hand this error's report,
+        built or not, to an error that wraps it."""
+        if self._report is not None:
+            return {"report": self._report}
+        return {"bin_summary": self._bin_summary, "occupancy": self._occupancy}
 
 
 class InvalidPointerError(ValueError):

@@ -233,12 +233,13 @@ def _check_tree(chunks, bins, b) -> list[int]:
 
 def _check_tables(a) -> None:
     chunks, bins, regions, pmap, st = a._chunks, a._bins, a._regions, a._pmap, a._state
-    # Lock-free kernels find the tables through the state (kernels.guard), and
-    # must see the lock held (by this check) exactly once more than at rest.
+    # Kernels find the tables through the state (kernels.guard), and lock-free
+    # calls must see the lock held (by this check) exactly once more than at rest.
     for table, addr, rows in ((chunks, L.S_CHUNKS_ADDR, L.S_CHUNK_ROWS),
                               (bins, L.S_BINS_ADDR, L.S_NUM_BINS),
                               (regions, L.S_REGIONS_ADDR, L.S_REGION_ROWS),
-                              (pmap, L.S_PMAP_ADDR, L.S_PMAP_SLOTS)):
+                              (pmap, L.S_PMAP_ADDR, L.S_PMAP_SLOTS),
+                              (a._tsq, L.S_TSQ_ADDR, L.S_TSQ_SLOTS)):
         _require(st[addr] == table.ctypes.data and st[rows] == table.shape[0],
                  "the state does not locate the current tables")
     _require(st[L.S_LOCK_DEPTH] == a._lock.rest_depth + 1,

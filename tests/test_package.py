@@ -31,7 +31,7 @@ for _ in range(3000):
     else:
         live.append(a.allocate_raw(rng.randint(1, 1 << 18)))
         out.append(live[-1])
-print(json.dumps([F._ALLOCATE.fast, out, a.get_stats().to_dict()]))
+print(json.dumps([F.BFCAllocator._ALLOCATE.fast, out, a.get_stats().to_dict()]))
 """
 
 

@@ -34,6 +34,10 @@ INITIAL_GROWTH_REGION = 2 << 20  # TF: first region with allow_growth is 2 MiB (
 _BACKPEDAL = np.float32(0.9)
 
 
+def _bin_summary(records: np.ndarray) -> list[dict]:
+    return _report.bin_summary(records, MIN_ALLOCATION, NUM_BINS)
+
+
 def round_bytes(n: int) -> int:
     """TF's ``RoundedBytes``: up to a multiple of 256."""
     return -(-n // MIN_ALLOCATION) * MIN_ALLOCATION
@@ -345,7 +349,6 @@ class BFCBase(PooledAllocator):
                 reason = "fragmentation"
             else:
                 reason = "exhausted"
-        records = self._records()
         return OutOfMemoryError(
             _report.oom_message(self._name, n, rounded, alignment, stats, self.memory_limit,
                                 reason),
@@ -354,9 +357,8 @@ class BFCBase(PooledAllocator):
             rounded_bytes=rounded,
             alignment=alignment,
             stats=stats,
-            bin_summary=_report.bin_summary(records, MIN_ALLOCATION, NUM_BINS),
-            occupancy=_report.render_occupancy(records, self._region_list()),
             reason=reason,
+            **_report.oom_report(self, _bin_summary),
         )
 
     # ------------------------------------------------------------------ chunk store
@@ -384,6 +386,11 @@ class BFCBase(PooledAllocator):
 
     def _remove_region(self, key) -> None:
         raise NotImplementedError
+
+    def _report_fingerprint(self):
+        """Something that changes whenever the chunks do, cheap to take (None:
+        no such thing, so an out-of-memory report is built at once)."""
+        return None
 
     def _usage(self) -> tuple[int, int]:
         """(bytes in use, bytes reserved), cheaply: what a replay samples per event."""

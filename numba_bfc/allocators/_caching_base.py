@@ -400,9 +400,9 @@ class CachingBase(PooledAllocator):
         """Free every cached unsplit segment, large pool first (``empty_cache``)."""
         self._events["num_sync_all_streams"] += 1
         for pool in (LARGE_POOL, SMALL_POOL):
-            for b in self._free_blocks(pool):
-                if not b["split"]:
-                    self._release(int(b["segment"]))
+            blocks = self._free_blocks(pool)
+            for segment in blocks["segment"][~blocks["split"]].tolist():
+                self._release(segment)
 
     def _garbage_collect(self) -> None:
         """PyTorch's ``garbage_collect_cached_blocks``: release the oldest unsplit
@@ -484,13 +484,17 @@ class CachingBase(PooledAllocator):
             parts.append("Free memory elsewhere, or allocate less.")
         return OutOfMemoryError(
             " ".join(parts), allocator_name=self._name, num_bytes=n, rounded_bytes=alloc_size,
-            alignment=MIN_BLOCK_SIZE, stats=stats,
-            occupancy=_report.render_occupancy(self._records(), self._region_list()),
-            reason=reason)
+            alignment=MIN_BLOCK_SIZE, stats=stats, reason=reason,
+            **_report.oom_report(self, None))
 
     def _trace(self, action: str, addr: int, size: int) -> None:
         self._history.append({"action": action, "addr": int(addr), "size": int(size),
                               "stream": 0, "time_us": time.time_ns() // 1000, "frames": []})
+
+    def _report_fingerprint(self):
+        """Something that changes whenever the blocks do, cheap to take (None:
+        no such thing, so an out-of-memory report is built at once)."""
+        return None
 
     def _usage(self) -> tuple[int, int]:
         """(allocated bytes, reserved bytes), cheaply: what a replay samples per event."""

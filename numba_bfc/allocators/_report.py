@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+
 import numpy as np
 
 from ..errors import InvalidPointerError
@@ -146,3 +149,38 @@ def invalid_pointer_error(name: str, records: np.ndarray, p: int) -> InvalidPoin
                 ptr=p, kind="interior")
     return InvalidPointerError(
         f"{name}: {p:#x} was not allocated by this allocator", ptr=p, kind="unknown")
+
+
+def oom_report(allocator, summary: Callable[[np.ndarray], list[dict]] | None) -> dict:
+    """``OutOfMemoryError`` keywords for the bin summary (``summary(records)``,
+    or none) and occupancy map of ``allocator``: deferred to the first read
+    when the allocator has a ``_report_fingerprint``, else built now."""
+    fingerprint = allocator._report_fingerprint()
+    if fingerprint is None:
+        records = allocator._records()
+        return {"bin_summary": summary(records) if summary else [],
+                "occupancy": render_occupancy(records, allocator._region_list())}
+    return {"report": _DeferredReport(allocator, summary, fingerprint)}
+
+
+class _DeferredReport:
+    """``()`` -> ``(bin_summary, occupancy, stale)`` of an allocator, built at
+    the call; ``stale`` if it changed since ``fingerprint`` was taken."""
+
+    __slots__ = ("_allocator", "_summary", "_fingerprint")
+
+    def __init__(self, allocator, summary, fingerprint) -> None:
+        # Weak: a kept exception must not keep an allocator (and its memory) alive.
+        self._allocator = weakref.ref(allocator)
+        self._summary = summary
+        self._fingerprint = fingerprint
+
+    def __call__(self) -> tuple[list[dict], str, bool]:
+        allocator = self._allocator()
+        if allocator is None:
+            return [], "", True
+        with allocator._lock:
+            records = allocator._records()
+            return (self._summary(records) if self._summary else [],
+                    render_occupancy(records, allocator._region_list()),
+                    allocator._report_fingerprint() != self._fingerprint)

@@ -5,7 +5,7 @@ state in the same five tables (``numba_bfc.kernels.layout``); this mixin grows
 them when a kernel answers ``NEED_ROWS``, turns them into records for
 reporting, looks pointers up, and drives the batch kernel (or, while timed
 frees are in play, one public call per operation). Policies supply
-``_POLICY`` (the batch kernel's policy code), ``_serve_not_found`` (the slow
+``_RUN_BATCH`` (their batch kernel), ``_serve_not_found`` (the slow
 path for one allocation), and optionally ``_grow_for`` and
 ``_serve_release_due``.
 
@@ -23,9 +23,8 @@ import numpy as np
 
 from ..errors import InvalidPointerError, OutOfMemoryError
 from ..kernels import layout as L
-from ..kernels.ptrmap import map_lookup, map_rehash
+from ..kernels.operations import map_lookup_op, map_rehash_op
 from ..policies.batch import FAILED, RELEASE_DUE, sample_usage
-from ..policies.batch import run_batch as _run_batch_kernel
 from . import _report
 from ._fastcall import Kernel
 from ._validate import check_alignment
@@ -33,9 +32,6 @@ from ._validate import check_alignment
 ALLOCATE = 0
 FREE = 1
 _NO_SERIES = np.zeros((0, 2), dtype=np.int64)
-# Every caller passes the same argument types (arrays made contiguous with
-# fixed dtypes), so the batch kernel can skip the dispatcher after first use.
-_RUN_BATCH = Kernel(_run_batch_kernel)
 
 
 # Without a GIL two kernel calls can run at once, so nothing may go lock-free:
@@ -96,8 +92,12 @@ class TableStore:
         st[L.S_REGION_ROWS] = self._regions.shape[0]
         st[L.S_PMAP_ADDR] = self._pmap.ctypes.data
         st[L.S_PMAP_SLOTS] = self._pmap.shape[0]
+        st[L.S_TSQ_ADDR] = self._tsq.ctypes.data
+        st[L.S_TSQ_SLOTS] = self._tsq.shape[0]
 
-    _POLICY: int
+    # Every caller passes the same argument types (arrays made contiguous with
+    # fixed dtypes), so the batch kernel can skip the dispatcher after first use.
+    _RUN_BATCH: Kernel
     _POOL_NAMES_BLOCKS = True  # records show a fixed-bin region's bin for in-use blocks too
     _IN_USE_SLOT: int  # the state slot counting bytes in use (policy's definition)
 
@@ -107,7 +107,7 @@ class TableStore:
             self._chunks = L.grow_chunks(self._chunks, st)
         if 2 * (st[L.S_MAP_COUNT] + 1) > self._pmap.shape[0]:
             grown = np.zeros((2 * self._pmap.shape[0], 2), dtype=np.int64)
-            map_rehash(self._pmap, grown, st)
+            map_rehash_op(st, grown)
             self._pmap = grown
         if st[L.S_NUM_REGIONS] >= self._regions.shape[0]:
             self._regions = L.grow_regions(self._regions)
@@ -162,15 +162,22 @@ class TableStore:
         raise NotImplementedError
 
     def _until_room(self, kernel, *args) -> int:
-        """Call ``kernel(*args)`` on the tables, growing them until it has room."""
+        """Call ``kernel(state, *args)``, growing the tables until it has room."""
         while True:
-            r = kernel(self._chunks, self._bins, self._regions, self._pmap, self._state, *args)
+            r = kernel(self._state, *args)
             if r != L.NEED_ROWS:
                 return r
             self._grow_tables()
 
+    def _report_fingerprint(self) -> tuple[int, ...]:
+        # Every allocation takes a new id, every free shrinks the pointer map,
+        # and every other change to the chunks changes the pool, the regions
+        # or the timestamped queue.
+        return tuple(self._state[[L.S_NEXT_ALLOCATION_ID, L.S_MAP_COUNT, L.S_POOL_BYTES,
+                                  L.S_NUM_REGIONS, L.S_TSQ_COUNT]].tolist())
+
     def _lookup(self, ptr: int):
-        h = map_lookup(self._pmap, ptr)
+        h = map_lookup_op(self._state, ptr)
         if h < 0:
             return None
         row = self._chunks[h]
@@ -273,9 +280,8 @@ class TableStore:
         in_use = self._IN_USE_SLOT
         grown_at = -1
         while True:
-            i, code = _RUN_BATCH.call(self._POLICY, self._chunks, self._bins, self._regions,
-                                      self._pmap, self._state, ops, ids, sizes, alignment,
-                                      id_ptr, out, i, stop, series, stride, in_use)
+            i, code = self._RUN_BATCH.call(self._state, ops, ids, sizes, alignment, id_ptr, out,
+                                           i, stop, series, stride, in_use)
             if code == 0:
                 return
             if code == L.NEED_ROWS:

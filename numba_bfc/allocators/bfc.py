@@ -5,21 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import layout as L
-from ..kernels.chunks import (
-    add_region,
-    free_region_rows,
-    largest_free_chunk,
-    merge_timestamped_chunks,
-    remove_region,
+from ..kernels.operations import (
+    add_region_op,
+    free_region_rows_op,
+    largest_free_chunk_op,
+    merge_timestamped_op,
+    remove_region_op,
 )
-from ..policies.batch import BFC_POLICY
-from ..policies.bfc import (
-    bfc_allocate,
-    bfc_allocate_unlocked,
-    bfc_deallocate,
-    bfc_deallocate_timestamped,
-    bfc_deallocate_unlocked,
-)
+from ..policies.batch import run_batch_bfc
+from ..policies.bfc import bfc_allocate_op, bfc_deallocate_op, bfc_deallocate_timestamped_op
 from ._bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase
 from ._fastcall import Kernel
 from ._tables import TableStore
@@ -27,9 +21,8 @@ from ._validate import MAX_INT64
 
 __all__ = ["BFCAllocator"]
 
-_ALLOCATE = Kernel(bfc_allocate)
-_DEALLOCATE = Kernel(bfc_deallocate)
-_ADD_REGION = Kernel(add_region)
+_ADD_REGION = Kernel(add_region_op)
+_DEALLOCATE_TIMESTAMPED = Kernel(bfc_deallocate_timestamped_op)
 
 
 class BFCAllocator(TableStore, BFCBase):
@@ -85,12 +78,11 @@ class BFCAllocator(TableStore, BFCBase):
                 or freed_before or self._timestamps_used or attributes is not None):
             return super().allocate_raw(num_bytes, alignment, attributes,
                                         freed_before=freed_before)
-        p = self._ALLOCATE_UNLOCKED.call(self._state, num_bytes)
+        p = self._ALLOCATE.call(self._state, num_bytes, MIN_ALLOCATION, 0, False)
         if p > 0:
             return p
         with self._lock:
-            p = self._ALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
-                                    self._state, num_bytes, MIN_ALLOCATION, 0)
+            p = self._ALLOCATE.call(self._state, num_bytes, MIN_ALLOCATION, 0, True)
             if p > 0:
                 return p
             if p == L.NEED_ROWS:
@@ -103,22 +95,20 @@ class BFCAllocator(TableStore, BFCBase):
         if (type(ptr) is not int or not 0 < ptr <= MAX_INT64
                 or self._timing_counter is not None):
             return super().deallocate_raw(ptr)
-        if self._DEALLOCATE_UNLOCKED.call(self._state, ptr) >= 0:
+        if self._DEALLOCATE.call(self._state, ptr, False) >= 0:
             return
         with self._lock:
-            if self._DEALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
-                                     self._state, ptr) < 0:
+            if self._DEALLOCATE.call(self._state, ptr, True) < 0:
                 raise self._invalid_pointer(ptr)
 
     # ------------------------------------------------------------------ chunk store
-    _POLICY = BFC_POLICY
+    _RUN_BATCH = Kernel(run_batch_bfc)
     _IN_USE_SLOT = L.S_BYTES_IN_USE
     _STATE_SIZE = L.STATE_SIZE
     _NUM_BINS = NUM_BINS
-    _ALLOCATE = _ALLOCATE
-    _DEALLOCATE = _DEALLOCATE
-    _ALLOCATE_UNLOCKED = Kernel(bfc_allocate_unlocked)
-    _DEALLOCATE_UNLOCKED = Kernel(bfc_deallocate_unlocked)
+    # Each serves a caller with or without the lock (the last argument).
+    _ALLOCATE = Kernel(bfc_allocate_op)
+    _DEALLOCATE = Kernel(bfc_deallocate_op)
 
     def _batch_alignment(self, alignment: int) -> int:
         return alignment
@@ -133,22 +123,20 @@ class BFCAllocator(TableStore, BFCBase):
         return self._allocate_slow(n, alignment, 0)
 
     def _try_allocate(self, n: int, alignment: int, freed_before: int) -> int:
-        p = self._until_room(self._ALLOCATE.call, n, alignment, freed_before)
+        p = self._until_room(self._ALLOCATE.call, n, alignment, freed_before, True)
         return p if p > 0 else 0
 
     def _add_region(self, ptr: int, size: int, pool_bin: int = L.NO_HANDLE) -> None:
-        while _ADD_REGION.call(self._chunks, self._bins, self._regions, self._state, ptr, size,
-                               self._coalesce_regions, pool_bin) == L.NEED_ROWS:
+        while _ADD_REGION.call(self._state, ptr, size, self._coalesce_regions,
+                               pool_bin) == L.NEED_ROWS:
             self._grow_tables()
 
     def _deallocate_chunk(self, ptr: int, count: int) -> bool:
         while True:
             if count:
-                r = bfc_deallocate_timestamped(self._chunks, self._bins, self._regions,
-                                               self._pmap, self._state, self._tsq, ptr, count)
+                r = _DEALLOCATE_TIMESTAMPED.call(self._state, ptr, count)
             else:
-                r = self._DEALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
-                                          self._state, ptr)
+                r = self._DEALLOCATE.call(self._state, ptr, True)
             if r != L.NEED_ROWS:
                 return r > 0
             self._grow_tables()
@@ -159,17 +147,16 @@ class BFCAllocator(TableStore, BFCBase):
     def _merge_timestamped(self, required: int, frontier: int) -> bool:
         if not self._state[L.S_TSQ_COUNT]:
             return required == 0
-        return bool(merge_timestamped_chunks(self._chunks, self._bins, self._regions,
-                                             self._state, self._tsq, required, frontier))
+        return bool(merge_timestamped_op(self._state, required, frontier))
 
     def _free_regions(self):
         rows = np.empty(self._regions.shape[0], dtype=np.int64)
-        n = free_region_rows(self._chunks, self._regions, rows)
+        n = free_region_rows_op(self._state, rows)
         return [(int(r), int(self._regions[r]["base"]), int(self._regions[r]["size"]))
                 for r in rows[:n]]
 
     def _remove_region(self, key) -> None:
-        remove_region(self._chunks, self._bins, self._regions, self._state, key)
+        remove_region_op(self._state, key)
 
     def _counters(self) -> dict:
         st = self._state
@@ -192,4 +179,4 @@ class BFCAllocator(TableStore, BFCBase):
         st[L.S_LARGEST_ALLOC_SIZE] = 0
 
     def _largest_free(self) -> int:
-        return int(largest_free_chunk(self._chunks, self._bins))
+        return int(largest_free_chunk_op(self._state))

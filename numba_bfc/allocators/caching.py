@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import layout as L
-from ..kernels.chunks import largest_free_chunk
+from ..kernels.operations import largest_free_chunk_op
 from ..policies import caching as C
-from ..policies.batch import CACHING_POLICY
+from ..policies.batch import run_batch_caching
 from ._caching_base import FREE_BLOCK_DTYPE, ONE_EIB, CachingBase
 from ._fastcall import Kernel
 from ._tables import TableStore
@@ -15,10 +15,9 @@ from ._validate import MAX_INT64
 
 __all__ = ["CachingAllocator"]
 
-_ALLOCATE = Kernel(C.caching_allocate)
-_DEALLOCATE = Kernel(C.caching_deallocate)
-_ALLOCATE_UNLOCKED = Kernel(C.caching_allocate_unlocked)
-_DEALLOCATE_UNLOCKED = Kernel(C.caching_deallocate_unlocked)
+# Each serves a caller with or without the lock (the last argument).
+_ALLOCATE = Kernel(C.caching_allocate_op)
+_DEALLOCATE = Kernel(C.caching_deallocate_op)
 
 
 class CachingAllocator(TableStore, CachingBase):
@@ -65,9 +64,9 @@ class CachingAllocator(TableStore, CachingBase):
     >>> c.deallocate_raw(p)
     """
 
-    _POLICY = CACHING_POLICY
-    _ALLOCATE_UNLOCKED = _ALLOCATE_UNLOCKED  # as BFC's; the fast paths use the module names
-    _DEALLOCATE_UNLOCKED = _DEALLOCATE_UNLOCKED
+    _RUN_BATCH = Kernel(run_batch_caching)
+    _ALLOCATE = _ALLOCATE  # as BFC's; the fast paths use the module names
+    _DEALLOCATE = _DEALLOCATE
     _IN_USE_SLOT = C.C_STATS + C.ALLOCATED_BYTES * 12  # allocated_bytes.all.current
 
     def __init__(self, backend, memory_limit=None, max_split_size=None,
@@ -93,12 +92,11 @@ class CachingAllocator(TableStore, CachingBase):
                 or type(alignment) is not int or not 0 < alignment <= C.MIN_BLOCK_SIZE
                 or alignment & (alignment - 1) or self._history is not None):
             return super().allocate_raw(num_bytes, alignment, attributes)
-        p = _ALLOCATE_UNLOCKED.call(self._state, num_bytes)
+        p = _ALLOCATE.call(self._state, num_bytes, False)
         if p > 0:
             return p
         with self._lock:
-            p = _ALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap, self._state,
-                               num_bytes)
+            p = _ALLOCATE.call(self._state, num_bytes, True)
             if p > 0:
                 return p
             # NOT_FOUND already counted a lookup on the GC clock: do not look again.
@@ -109,11 +107,10 @@ class CachingAllocator(TableStore, CachingBase):
     def deallocate_raw(self, ptr: int | None) -> None:
         if type(ptr) is not int or not 0 < ptr <= MAX_INT64 or self._history is not None:
             return super().deallocate_raw(ptr)
-        if _DEALLOCATE_UNLOCKED.call(self._state, ptr) >= 0:
+        if _DEALLOCATE.call(self._state, ptr, False) >= 0:
             return
         with self._lock:
-            if _DEALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap,
-                                self._state, ptr) < 0:
+            if _DEALLOCATE.call(self._state, ptr, True) < 0:
                 self._free(ptr)  # not live: the base class names the problem
 
     # ------------------------------------------------------------------ table store
@@ -134,29 +131,26 @@ class CachingAllocator(TableStore, CachingBase):
         return int(C.round_size(n, self._state))
 
     def _find_block(self, n: int) -> int:
-        p = self._until_room(_ALLOCATE.call, n)
+        p = self._until_room(_ALLOCATE.call, n, True)
         return p if p > 0 else 0
 
     def _add_segment(self, ptr: int, size: int, pool: int) -> int:
         while True:
-            r = C.caching_add_segment(self._chunks, self._bins, self._regions, self._state,
-                                      ptr, size, pool)
+            r = C.caching_add_segment_op(self._state, ptr, size, pool)
             if r != L.NEED_ROWS:
                 return int(r)
             self._grow_tables()
 
     def _take_from_segment(self, segment: int, n: int) -> int:
-        return int(self._until_room(C.caching_allocate_from_segment, segment, n))
+        return int(self._until_room(C.caching_allocate_from_segment_op, segment, n))
 
     def _release_segment(self, segment: int) -> tuple[int, int]:
         base = int(self._regions[segment]["base"])
-        size = int(C.caching_release_segment(self._chunks, self._bins, self._regions,
-                                             self._state, segment))
+        size = int(C.caching_release_segment_op(self._state, segment))
         return base, size
 
     def _free_block(self, ptr: int) -> int | None:
-        r = _DEALLOCATE.call(self._chunks, self._bins, self._regions, self._pmap, self._state,
-                             ptr)
+        r = _DEALLOCATE.call(self._state, ptr, True)
         return None if r < 0 else int(r)
 
     def _free_blocks(self, pool: int) -> np.ndarray:
@@ -181,7 +175,7 @@ class CachingAllocator(TableStore, CachingBase):
         self._state[L.S_LARGEST_ALLOC_SIZE] = value
 
     def _largest_free(self) -> int:
-        return int(largest_free_chunk(self._chunks, self._bins))
+        return int(largest_free_chunk_op(self._state))
 
     def _segment_list(self) -> list[tuple[int, int, int]]:
         live = self._live_regions()

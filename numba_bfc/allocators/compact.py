@@ -5,26 +5,24 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import layout as L
-from ..kernels.chunks import (
-    free_head_end,
-    free_tail_start,
-    join_regions,
-    punch_region,
-    remove_region,
-    trim_region,
+from ..kernels.operations import (
+    free_head_end_op,
+    free_tail_start_op,
+    join_regions_op,
+    punch_region_op,
+    remove_region_op,
+    trim_region_op,
 )
-from ..policies.batch import COMPACT_POLICY
+from ..policies.batch import run_batch_compact
 from ..policies.compact import (
     COMPACT_STATE_SIZE,
     NUM_SPACES,
     S_RELEASE_DUE,
     S_RELEASE_THRESHOLD,
     S_SMALL_SIZE,
-    compact_allocate,
-    compact_allocate_unlocked,
-    compact_deallocate,
-    compact_deallocate_unlocked,
-    top_region_tail,
+    compact_allocate_op,
+    compact_deallocate_op,
+    top_region_tail_op,
 )
 from ._bfc_base import round_bytes
 from ._compact_base import CompactGrowth
@@ -34,7 +32,7 @@ from .bfc import BFCAllocator
 
 __all__ = ["CompactAllocator"]
 
-_TOP_REGION_TAIL = Kernel(top_region_tail)
+_TOP_REGION_TAIL = Kernel(top_region_tail_op)
 
 
 class CompactAllocator(CompactGrowth, BFCAllocator):
@@ -91,14 +89,12 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     >>> a.deallocate_raw(p)
     """
 
-    _POLICY = COMPACT_POLICY
+    _RUN_BATCH = Kernel(run_batch_compact)
     _STATE_SIZE = COMPACT_STATE_SIZE
     _NUM_BINS = NUM_SPACES
     _POOL_NAMES_BLOCKS = False
-    _ALLOCATE = Kernel(compact_allocate)
-    _DEALLOCATE = Kernel(compact_deallocate)
-    _ALLOCATE_UNLOCKED = Kernel(compact_allocate_unlocked)
-    _DEALLOCATE_UNLOCKED = Kernel(compact_deallocate_unlocked)
+    _ALLOCATE = Kernel(compact_allocate_op)
+    _DEALLOCATE = Kernel(compact_deallocate_op)
 
     def __init__(self, backend, memory_limit=None, page_size=None, release_threshold=None,
                  small_size=None, small_backend=None, name=None) -> None:
@@ -108,7 +104,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     def deallocate_raw(self, ptr: int | None) -> None:
         # Lock-free first (the kernel steps aside when a give-back may become due).
         if (type(ptr) is int and 0 < ptr <= MAX_INT64 and self._timing_counter is None
-                and self._DEALLOCATE_UNLOCKED.call(self._state, ptr) >= 0):
+                and self._DEALLOCATE.call(self._state, ptr, False) >= 0):
             return
         super().deallocate_raw(ptr)
 
@@ -128,17 +124,17 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         return int(live[0])
 
     def _tail_start(self, base: int, end: int) -> int:
-        return int(free_tail_start(self._chunks, self._regions, self._row(base)))
+        return int(free_tail_start_op(self._state, self._row(base)))
 
     def _top_tail(self, space: int) -> tuple[int, int]:
-        end, tail = _TOP_REGION_TAIL.call(self._chunks, self._regions, space)
+        end, tail = _TOP_REGION_TAIL.call(self._state, space)
         return int(end), int(tail)
 
     def _space_of(self, base: int) -> int:
         return int(self._regions[self._row(base)]["bin"])
 
     def _head_end(self, base: int) -> int:
-        return int(free_head_end(self._chunks, self._regions, self._row(base)))
+        return int(free_head_end_op(self._state, self._row(base)))
 
     def _space_regions(self, space: int) -> list[tuple[int, int]]:
         regions = self._regions[(self._regions["size"] > 0) & (self._regions["bin"] == space)]
@@ -147,8 +143,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
 
     def _punch_region(self, base: int, lo: int, hi: int, left_last_piece: int) -> None:
         r = self._row(base)
-        while punch_region(self._chunks, self._bins, self._regions, self._state, r, lo, hi,
-                           left_last_piece) == L.NEED_ROWS:
+        while punch_region_op(self._state, r, lo, hi, left_last_piece) == L.NEED_ROWS:
             self._grow_tables()
 
     def _join_at(self, seam: int, space: int) -> bool:
@@ -157,8 +152,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         below = np.flatnonzero(live & (self._regions["base"] + self._regions["size"] == seam))
         if not (above.size and below.size):
             return False
-        join_regions(self._chunks, self._bins, self._regions, self._state,
-                     int(below[0]), int(above[0]))
+        join_regions_op(self._state, int(below[0]), int(above[0]))
         return True
 
     def _mark_release_due(self, ptr: int) -> None:
@@ -170,10 +164,9 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     def _cut_region(self, base: int, new_end: int, last_piece: int) -> None:
         r = self._row(base)
         if new_end == base:
-            remove_region(self._chunks, self._bins, self._regions, self._state, r)
+            remove_region_op(self._state, r)
         else:
-            trim_region(self._chunks, self._bins, self._regions, self._state, r, new_end,
-                        last_piece)
+            trim_region_op(self._state, r, new_end, last_piece)
 
     def _release_pending(self) -> bool:
         return bool(self._state[S_RELEASE_DUE])

@@ -114,7 +114,7 @@ class CudaOutOfMemoryError(OutOfMemoryError, CudaAPIError):
             OutOfMemoryError.__init__(
                 self, str(err), allocator_name=err.allocator_name, num_bytes=err.num_bytes,
                 rounded_bytes=err.rounded_bytes, alignment=err.alignment, stats=err.stats,
-                bin_summary=err.bin_summary, occupancy=err.occupancy, reason=err.reason)
+                reason=err.reason, **err.report_keywords())
         else:  # unpickling passes the message back
             OutOfMemoryError.__init__(self, str(err))
         self.code = _CUDA_OOM

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .jit import helper, inner
 from .layout import (
     NEED_ROWS,
     NO_HANDLE,
@@ -27,6 +28,12 @@ from .layout import (
 )
 from .tree import tree_insert, tree_max, tree_remove
 
+# NumPy scalars, not Python literals: Numba compiles a callee once per
+# distinct literal argument.
+HONOUR_TIMESTAMPS = np.bool_(False)  # try_to_coalesce: leave timestamped chunks alone
+IGNORE_TIMESTAMPS = np.bool_(True)
+SEPARATE_REGIONS = np.bool_(False)  # add_region: never extend an adjacent region
+
 
 @njit(cache=True, inline="always")
 def round_up(n, quantum):
@@ -34,7 +41,7 @@ def round_up(n, quantum):
     return ((n + quantum - 1) // quantum) * quantum
 
 
-@njit(cache=True)
+@helper
 def bin_for_size(n, min_allocation, num_bins):
     """TF's ``BinNumForSize``: ``min(num_bins-1, floor(log2(max(n, min) / min)))``."""
     v = max(n, min_allocation) // min_allocation
@@ -52,7 +59,7 @@ def room_for_operation(pmap, state):
             and 2 * (state[S_MAP_COUNT] + 1) <= pmap.shape[0])
 
 
-@njit(cache=True)
+@helper
 def new_row(chunks, state):
     """Take a row off the free-handle list (the caller checked one is there)."""
     h = state[S_FREE_HEAD]
@@ -70,7 +77,7 @@ def new_row(chunks, state):
     return h
 
 
-@njit(cache=True)
+@inner
 def release_row(chunks, state, h):
     """Return row ``h`` to the free-handle list (TF's ``DeleteChunk``)."""
     chunks[h]["size"] = 0
@@ -85,7 +92,7 @@ def release_row(chunks, state, h):
     state[S_FREE_ROWS] += 1
 
 
-@njit(cache=True)
+@helper
 def insert_free(chunks, bins, regions, state, h):
     """Put free chunk ``h`` into its region's bin, or the bin for its size."""
     b = regions[chunks[h]["region"]]["bin"]
@@ -95,19 +102,18 @@ def insert_free(chunks, bins, regions, state, h):
     tree_insert(chunks, bins, b, h)
 
 
-@njit(cache=True)
+@helper
 def remove_free(chunks, bins, h):
     """Take free chunk ``h`` out of its bin."""
-    tree_remove(chunks, bins, chunks[h]["bin"], h)
+    tree_remove(chunks, bins, np.int64(chunks[h]["bin"]), h)
     chunks[h]["bin"] = NO_HANDLE
 
 
-@njit(cache=True)
-def split_chunk(chunks, bins, regions, state, h, nbytes, insert_remainder):
+@inner
+def split_chunk(chunks, bins, regions, state, h, nbytes):
     """Cut ``h`` (not in a bin) after ``nbytes``; return the new tail chunk.
 
-    The tail inherits ``freed_at_count`` and is free; it goes into its bin when
-    ``insert_remainder`` is true.
+    The tail inherits ``freed_at_count`` and is free, not yet in a bin.
     """
     n = new_row(chunks, state)
     chunks[n]["ptr"] = chunks[h]["ptr"] + nbytes
@@ -123,12 +129,10 @@ def split_chunk(chunks, bins, regions, state, h, nbytes, insert_remainder):
         chunks[nxt]["prev"] = n
     else:
         regions[chunks[h]["region"]]["last"] = n
-    if insert_remainder:
-        insert_free(chunks, bins, regions, state, n)
     return n
 
 
-@njit(cache=True)
+@inner
 def merge_chunks(chunks, regions, state, h1, h2):
     """Absorb ``h2`` (the chunk right after ``h1``) into ``h1``; both free, unbinned."""
     h3 = chunks[h2]["next"]
@@ -142,7 +146,7 @@ def merge_chunks(chunks, regions, state, h1, h2):
     release_row(chunks, state, h2)
 
 
-@njit(cache=True)
+@inner
 def try_to_coalesce(chunks, bins, regions, state, h, ignore_freed_at):
     """Merge free, unbinned ``h`` with free neighbours; return the surviving handle.
 
@@ -152,12 +156,12 @@ def try_to_coalesce(chunks, bins, regions, state, h, ignore_freed_at):
     if (not ignore_freed_at) and chunks[h]["freed_at_count"] > 0:
         return h
     out = h
-    nxt = chunks[h]["next"]
+    nxt = np.int64(chunks[h]["next"])
     if nxt != NO_HANDLE and chunks[nxt]["allocation_id"] == -1:
         if chunks[nxt]["freed_at_count"] == 0 or ignore_freed_at:
             remove_free(chunks, bins, nxt)
             merge_chunks(chunks, regions, state, h, nxt)
-    prv = chunks[h]["prev"]
+    prv = np.int64(chunks[h]["prev"])
     if prv != NO_HANDLE and chunks[prv]["allocation_id"] == -1:
         if chunks[prv]["freed_at_count"] == 0 or ignore_freed_at:
             out = prv
@@ -175,7 +179,7 @@ def empty_region_row(regions):
     return -1
 
 
-@njit(cache=True)
+@inner
 def add_region(chunks, bins, regions, state, ptr, size, coalesce, pool_bin):
     """Add backend memory ``[ptr, ptr+size)`` as one free chunk (TF's ``Extend`` tail).
 
@@ -218,12 +222,12 @@ def add_region(chunks, bins, regions, state, ptr, size, coalesce, pool_bin):
     chunks[h]["region"] = r
     state[S_POOL_BYTES] += size
     state[S_PEAK_POOL_BYTES] = max(state[S_PEAK_POOL_BYTES], state[S_POOL_BYTES])
-    h = try_to_coalesce(chunks, bins, regions, state, h, False)
+    h = try_to_coalesce(chunks, bins, regions, state, h, HONOUR_TIMESTAMPS)
     insert_free(chunks, bins, regions, state, h)
     return r
 
 
-@njit(cache=True)
+@inner
 def region_in_use(chunks, regions, r):
     """True if any chunk of region ``r`` is in use."""
     h = regions[r]["first"]
@@ -234,7 +238,7 @@ def region_in_use(chunks, regions, r):
     return False
 
 
-@njit(cache=True)
+@inner
 def free_region_rows(chunks, regions, out):
     """Write the rows of regions with no chunk in use into ``out``; return how many."""
     n = 0
@@ -245,7 +249,7 @@ def free_region_rows(chunks, regions, out):
     return n
 
 
-@njit(cache=True)
+@inner
 def remove_region(chunks, bins, regions, state, r):
     """Drop region ``r`` and all its (free) chunks; return its size."""
     h = regions[r]["first"]
@@ -265,7 +269,7 @@ def remove_region(chunks, bins, regions, state, r):
     return size
 
 
-@njit(cache=True)
+@inner
 def free_tail_start(chunks, regions, r):
     """Address of region ``r``'s last chunk if it could go back to the backend
     (free, binned and not waiting on a timing count), else the region's end."""
@@ -276,7 +280,7 @@ def free_tail_start(chunks, regions, r):
     return chunks[h]["ptr"]
 
 
-@njit(cache=True)
+@inner
 def trim_region(chunks, bins, regions, state, r, new_end, last_piece):
     """Cut region ``r`` back to end at ``new_end``, inside its free last chunk
     and above its first byte; ``last_piece`` becomes the region's newest piece.
@@ -299,7 +303,7 @@ def trim_region(chunks, bins, regions, state, r, new_end, last_piece):
     return cut
 
 
-@njit(cache=True)
+@inner
 def largest_free_chunk(chunks, bins):
     """Size of the largest free chunk in any bin (TF's ``LargestFreeChunk``).
 
@@ -322,13 +326,13 @@ def _queue_push(tsq, state, h, gen):
     state[S_TSQ_COUNT] += 1
 
 
-@njit(cache=True)
+@inner
 def queue_timestamped(chunks, state, tsq, h):
     """Append chunk ``h`` to the timestamped-chunk queue (caller checked room)."""
     _queue_push(tsq, state, h, chunks[h]["generation"])
 
 
-@njit(cache=True)
+@inner
 def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, safe_frontier):
     """TF's ``MergeTimestampedChunks``.
 
@@ -395,7 +399,7 @@ def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, 
     return satisfied
 
 
-@njit(cache=True)
+@inner
 def _split_region_before(chunks, regions, state, r, h, r2):
     """Move chunk ``h`` (not region ``r``'s first) and every chunk after it
     into the empty region row ``r2``, which keeps ``r``'s newest piece (or
@@ -419,7 +423,7 @@ def _split_region_before(chunks, regions, state, r, h, r2):
         h = chunks[h]["next"]
 
 
-@njit(cache=True)
+@inner
 def punch_region(chunks, bins, regions, state, r, lo, hi, left_last_piece):
     """Give ``[lo, hi)`` of region ``r`` back: it lies inside one free,
     binned chunk. What lies below ``lo`` stays region ``r`` (its newest piece
@@ -438,11 +442,12 @@ def punch_region(chunks, bins, regions, state, r, lo, hi, left_last_piece):
         h = chunks[h]["next"]
     remove_free(chunks, bins, h)
     if chunks[h]["ptr"] < lo:
-        m = split_chunk(chunks, bins, regions, state, h, lo - chunks[h]["ptr"], False)
+        m = split_chunk(chunks, bins, regions, state, h, lo - chunks[h]["ptr"])
         insert_free(chunks, bins, regions, state, h)
         h = m
     if chunks[h]["ptr"] + chunks[h]["size"] > hi:
-        split_chunk(chunks, bins, regions, state, h, hi - lo, True)
+        insert_free(chunks, bins, regions, state, split_chunk(chunks, bins, regions, state, h,
+                                                              hi - lo))
     if r2 >= 0:
         _split_region_before(chunks, regions, state, r, chunks[h]["next"], r2)
     # ``h`` is now exactly [lo, hi) and region ``r``'s last chunk.
@@ -459,7 +464,7 @@ def punch_region(chunks, bins, regions, state, r, lo, hi, left_last_piece):
     return hi - lo
 
 
-@njit(cache=True)
+@inner
 def join_regions(chunks, bins, regions, state, ra, rb):
     """Append region ``rb``, which starts where ``ra`` ends, to ``ra``; the
     free chunks that meet at the seam merge. Frees row ``rb``."""
@@ -482,10 +487,10 @@ def join_regions(chunks, bins, regions, state, ra, rb):
     if chunks[h]["allocation_id"] == -1 and chunks[h]["bin"] != NO_HANDLE:
         remove_free(chunks, bins, h)
         insert_free(chunks, bins, regions, state, try_to_coalesce(chunks, bins, regions,
-                                                                  state, h, False))
+                                                                  state, h, HONOUR_TIMESTAMPS))
 
 
-@njit(cache=True)
+@inner
 def free_head_end(chunks, regions, r):
     """Where region ``r``'s first chunk ends if it is free, binned and not
     waiting on a timing count, else the region's base."""

@@ -1,19 +1,27 @@
-"""Kernel calls without the façade's lock.
+"""How a kernel called from Python reaches the tables, with or without the lock.
+
+Every kernel the façade calls (an *operation*: ``*_op`` in ``policies`` and
+``kernels.operations``) takes ``state`` and scalars only. The façade records
+each table's data address and length in the state whenever it installs a
+table (always under its lock), and ``table_views`` rebuilds the arrays from
+them inside the kernel. So:
+
+- a call passes one array instead of six (Numba unboxes every array argument
+  on every call), and the views are the current tables by construction: a
+  stale array cannot be handed in;
+- the views own no memory, so the helper kernels they are passed to do no
+  reference counting, and each helper is compiled for one set of types;
+- one kernel serves both callers: with ``locked`` false it runs only while
+  no thread holds the façade's lock.
 
 A Numba kernel that does not release the GIL runs as one indivisible step for
 every other Python thread, so one kernel call needs no lock of its own. What
 it must not do is run while another thread is in the middle of a multi-call
 operation under the lock (growing the pool or a table, a batch, a report).
 The façade's lock therefore keeps ``state[S_LOCK_DEPTH]`` above 0 while held,
-and a lock-free kernel proceeds only when it is 0, else changes nothing and
-answers ``TABLES_BUSY`` (the façade then takes the lock).
-
-A lock-free kernel takes only ``state`` and scalars: the façade records each
-table's data address and length in the state whenever it installs a table
-(always under the lock), and ``table_views`` rebuilds the arrays from them.
-Passing one array instead of five saves most of the call's cost (Numba wraps
-every array argument on every call), and the views are the current tables
-by construction: a stale array cannot be handed in.
+and an operation called with ``locked`` false proceeds only when it is 0,
+else changes nothing and answers ``TABLES_BUSY`` (the façade then takes the
+lock and calls again with ``locked`` true).
 
 Kernels must therefore never be compiled with ``nogil=True``.
 """
@@ -37,9 +45,11 @@ from .layout import (
     S_PMAP_SLOTS,
     S_REGION_ROWS,
     S_REGIONS_ADDR,
+    S_TSQ_ADDR,
+    S_TSQ_SLOTS,
 )
 
-PMAP_DTYPE = np.dtype(np.int64)
+INT64 = np.dtype(np.int64)
 
 
 @intrinsic
@@ -55,16 +65,26 @@ def _pointer(typingctx, address, dtype):
 
 
 @njit(cache=True, inline="always")
-def tables_idle(state):
-    """True if no thread holds the façade's lock."""
-    return state[S_LOCK_DEPTH] == 0
+def may_proceed(state, locked):
+    """True if a kernel may touch the tables: its caller holds the façade's
+    lock (``locked``), or no thread does."""
+    return locked or state[S_LOCK_DEPTH] == 0
 
 
 @njit(cache=True, inline="always")
 def table_views(state):
-    """``(chunks, bins, regions, pmap)``: the tables the state records."""
+    """``(chunks, bins, regions, pmap, tsq, state)``: views of the tables the
+    state records, and of the state itself.
+
+    The views own no memory, so passing them from function to function costs
+    no reference counting (an atomic add per array per call otherwise, most of
+    a kernel's time), and every helper kernel is compiled for one set of
+    argument types.
+    """
     chunks = carray(_pointer(state[S_CHUNKS_ADDR], CHUNK_DTYPE), (state[S_CHUNK_ROWS],))
     bins = carray(_pointer(state[S_BINS_ADDR], BIN_DTYPE), (state[S_NUM_BINS],))
     regions = carray(_pointer(state[S_REGIONS_ADDR], REGION_DTYPE), (state[S_REGION_ROWS],))
-    pmap = carray(_pointer(state[S_PMAP_ADDR], PMAP_DTYPE), (state[S_PMAP_SLOTS], 2))
-    return chunks, bins, regions, pmap
+    pmap = carray(_pointer(state[S_PMAP_ADDR], INT64), (state[S_PMAP_SLOTS], 2))
+    tsq = carray(_pointer(state[S_TSQ_ADDR], INT64), (state[S_TSQ_SLOTS], 2))
+    own = carray(_pointer(state.ctypes.data, INT64), (state.shape[0],))
+    return chunks, bins, regions, pmap, tsq, own

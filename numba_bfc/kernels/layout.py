@@ -102,6 +102,8 @@ S_TSQ_HEAD = 14  # timestamped-chunk queue (ring buffer) head
 S_TSQ_COUNT = 15
 S_NUM_REGIONS = 16
 S_NUM_BINS = 17
+S_TSQ_ADDR = 18  # data address of the timestamped-chunk queue (see S_LOCK_DEPTH)
+S_TSQ_SLOTS = 19
 # Lock-free calls (``kernels.guard``): the façade's lock depth, and where the
 # current tables are, so a kernel given only ``state`` can see them.
 S_LOCK_DEPTH = 24  # > 0 while a thread holds the façade's lock

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .jit import helper, inner
 from .layout import NO_HANDLE, S_MAP_COUNT
 
 
@@ -22,7 +23,7 @@ def _slot(ptr, mask):
     return np.int64(x & np.uint64(mask))
 
 
-@njit(cache=True)
+@helper
 def map_insert(pmap, state, ptr, h):
     """Add ``ptr -> h`` (``ptr`` must not be present)."""
     mask = pmap.shape[0] - 1
@@ -34,7 +35,7 @@ def map_insert(pmap, state, ptr, h):
     state[S_MAP_COUNT] += 1
 
 
-@njit(cache=True)
+@inner
 def _find_slot(pmap, ptr):
     mask = pmap.shape[0] - 1
     i = _slot(ptr, mask)
@@ -47,7 +48,7 @@ def _find_slot(pmap, ptr):
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@helper
 def map_lookup(pmap, ptr):
     """Handle of the in-use chunk at ``ptr``, or -1."""
     if ptr <= 0:
@@ -58,7 +59,7 @@ def map_lookup(pmap, ptr):
     return pmap[i, 1]
 
 
-@njit(cache=True)
+@helper
 def map_remove(pmap, state, ptr):
     """Remove ``ptr``; returns its handle, or -1 if absent."""
     if ptr <= 0:
@@ -91,7 +92,7 @@ def map_remove(pmap, state, ptr):
     return h
 
 
-@njit(cache=True)
+@helper
 def map_rehash(old, new, state):
     """Move every entry of ``old`` into the empty table ``new``."""
     state[S_MAP_COUNT] = 0

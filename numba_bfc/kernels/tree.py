@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .jit import helper, inner
 from .layout import NO_HANDLE
 
 
@@ -36,7 +37,7 @@ def _key_less(chunks, a, b):
     return chunks[a]["ptr"] < chunks[b]["ptr"]
 
 
-@njit(cache=True)
+@inner
 def _rotate_up(chunks, bins, b, h):
     # Lift h above its parent p, keeping in-order sequence intact.
     p = chunks[h]["parent"]
@@ -63,7 +64,7 @@ def _rotate_up(chunks, bins, b, h):
         chunks[g]["right"] = h
 
 
-@njit(cache=True)
+@inner
 def tree_insert(chunks, bins, b, h):
     """Insert free chunk ``h`` into bin ``b``'s ordered set."""
     chunks[h]["left"] = NO_HANDLE
@@ -98,13 +99,13 @@ def tree_insert(chunks, bins, b, h):
         _rotate_up(chunks, bins, b, h)
 
 
-@njit(cache=True)
+@inner
 def tree_remove(chunks, bins, b, h):
     """Remove chunk ``h`` from bin ``b``'s ordered set."""
     # Rotate h down until it has at most one child, then splice it out.
     while chunks[h]["left"] != NO_HANDLE and chunks[h]["right"] != NO_HANDLE:
-        lft = chunks[h]["left"]
-        rgt = chunks[h]["right"]
+        lft = np.int64(chunks[h]["left"])
+        rgt = np.int64(chunks[h]["right"])
         if chunks[lft]["priority"] > chunks[rgt]["priority"]:
             _rotate_up(chunks, bins, b, lft)
         else:
@@ -128,7 +129,7 @@ def tree_remove(chunks, bins, b, h):
     bins[b]["total_bytes"] -= chunks[h]["size"]
 
 
-@njit(cache=True)
+@helper
 def tree_lower_bound(chunks, root, size):
     """First chunk in order with ``size >= size`` (ties: lowest address), or -1."""
     best = NO_HANDLE
@@ -142,7 +143,7 @@ def tree_lower_bound(chunks, root, size):
     return best
 
 
-@njit(cache=True)
+@helper
 def tree_successor(chunks, h):
     """Next chunk in ``(size, ptr)`` order after ``h`` in the same bin, or -1."""
     x = chunks[h]["right"]
@@ -158,7 +159,7 @@ def tree_successor(chunks, h):
     return p
 
 
-@njit(cache=True)
+@helper
 def tree_max(chunks, root):
     """Last chunk in order (the largest, highest address among equals), or -1."""
     x = root

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
+from ..kernels.guard import table_views
+from ..kernels.jit import inner, operation
 from ..kernels.layout import INVALID_POINTER, S_POOL_BYTES
-from .bfc import bfc_allocate, bfc_deallocate
+from .bfc import UNTAGGED, bfc_allocate, bfc_deallocate
 from .caching import caching_allocate, caching_deallocate
 from .compact import S_RELEASE_DUE, compact_allocate, compact_deallocate
-
-BFC_POLICY = 0
-CACHING_POLICY = 1
-COMPACT_POLICY = 2
 
 #: ``run_batch`` code: the operation before the returned index freed memory
 #: at the end of a region that the façade should give back to the backend.
@@ -34,37 +33,40 @@ def sample_usage(series, stride, i, state, in_use_slot):
         series[b, 1] = r
 
 
-@njit(cache=True)
-def run_batch(policy, chunks, bins, regions, pmap, state, ops, ids, sizes, alignment,
-              id_ptr, out, start, stop, series, stride, in_use_slot):
-    """Run operations ``start..stop-1`` of a batch under ``policy`` (``BFC_POLICY``,
-    ``CACHING_POLICY`` or ``COMPACT_POLICY``).
+@inner
+def run_batch(allocate, deallocate, releases, state, ops, ids, sizes, alignment, id_ptr, out,
+              start, stop, series, stride, in_use_slot):
+    """Run operations ``start..stop-1`` of a batch with one policy's
+    ``allocate(chunks, bins, regions, pmap, state, nbytes, alignment)`` and
+    ``deallocate(chunks, bins, regions, pmap, state, ptr)`` kernels.
+
+    Numba compiles this once per pair of kernels (they are part of its
+    argument types), so each policy's batch (``run_batch_bfc`` and the others)
+    compiles only its own kernels, and only when first used.
 
     ``ops[i]`` is 0 (allocate ``sizes[i]`` bytes for id ``ids[i]``) or 1 (free
     id ``ids[i]``); ``id_ptr`` maps ids to live addresses (-1: not live, 0: a
     zero-byte allocation) and ``out[i]`` receives the address each allocation
     got. Stops at the first operation the kernel cannot finish alone and
     returns ``(index, code)``: ``NEED_ROWS`` or ``NOT_FOUND`` (the façade grows
-    or extends and resumes at ``index``), ``INVALID_POINTER``, or
-    ``RELEASE_DUE`` (operation ``index - 1``, a free or an allocation after a
-    hole fill, was done but not sampled; the
-    façade gives the free tail back, samples, and resumes at ``index``). Returns
+    or extends and resumes at ``index``), ``INVALID_POINTER``, or (when
+    ``releases``) ``RELEASE_DUE`` (operation ``index - 1``, a free or an
+    allocation after a hole fill, was done but not sampled; the façade gives
+    the free tail back, samples, and resumes at ``index``). Returns
     ``(stop, 0)`` when done. A free of an id whose ``id_ptr`` is ``FAILED``
     is skipped. With ``stride > 0``, row ``i // stride`` of ``series`` keeps
     the most bytes in use (``state[in_use_slot]``) and reserved after any
     operation ``i`` of its bucket.
+
+    The caller holds the façade's lock; the tables are the ones ``state``
+    records (``kernels.guard``).
     """
+    chunks, bins, regions, pmap, _, state = table_views(state)
     for i in range(start, stop):
         if ops[i] == 0:
             p = 0
             if sizes[i] != 0:
-                if policy == BFC_POLICY:
-                    p = bfc_allocate(chunks, bins, regions, pmap, state, sizes[i], alignment, 0)
-                elif policy == CACHING_POLICY:
-                    p = caching_allocate(chunks, bins, regions, pmap, state, sizes[i])
-                else:
-                    p = compact_allocate(chunks, bins, regions, pmap, state, sizes[i],
-                                         alignment, 0)
+                p = allocate(chunks, bins, regions, pmap, state, sizes[i], alignment)
                 if p < 0:
                     return i, p
             id_ptr[ids[i]] = p
@@ -75,17 +77,56 @@ def run_batch(policy, chunks, bins, regions, pmap, state, ops, ids, sizes, align
             if p < 0 and p != FAILED:
                 return i, INVALID_POINTER
             if p > 0:
-                if policy == BFC_POLICY:
-                    r = bfc_deallocate(chunks, bins, regions, pmap, state, p)
-                elif policy == CACHING_POLICY:
-                    r = caching_deallocate(chunks, bins, regions, pmap, state, p)
-                else:
-                    r = compact_deallocate(chunks, bins, regions, pmap, state, p)
+                r = deallocate(chunks, bins, regions, pmap, state, p)
                 if r < 0:
                     return i, r
             id_ptr[ids[i]] = -1
-        if policy == COMPACT_POLICY and state[S_RELEASE_DUE] != 0:
+        if releases and state[S_RELEASE_DUE] != 0:
             return i + 1, RELEASE_DUE  # the façade samples after giving back
         if stride > 0:
             sample_usage(series, stride, i, state, in_use_slot)
     return stop, 0
+
+
+# Each policy's allocation kernel with the batch's signature.
+@inner
+def _bfc_allocate(chunks, bins, regions, pmap, state, nbytes, alignment):
+    return bfc_allocate(chunks, bins, regions, pmap, state, nbytes, alignment, UNTAGGED)
+
+
+@inner
+def _caching_allocate(chunks, bins, regions, pmap, state, nbytes, alignment):
+    return caching_allocate(chunks, bins, regions, pmap, state, nbytes)
+
+
+@inner
+def _compact_allocate(chunks, bins, regions, pmap, state, nbytes, alignment):
+    return compact_allocate(chunks, bins, regions, pmap, state, nbytes, alignment, UNTAGGED)
+
+
+_NO_RELEASES = np.bool_(False)  # not literals: see kernels.chunks.HONOUR_TIMESTAMPS
+_RELEASES = np.bool_(True)
+
+
+@operation
+def run_batch_bfc(state, ops, ids, sizes, alignment, id_ptr, out, start, stop, series, stride,
+                  in_use_slot):
+    """``run_batch`` with the BFC policy."""
+    return run_batch(_bfc_allocate, bfc_deallocate, _NO_RELEASES, state, ops, ids, sizes,
+                     alignment, id_ptr, out, start, stop, series, stride, in_use_slot)
+
+
+@operation
+def run_batch_caching(state, ops, ids, sizes, alignment, id_ptr, out, start, stop, series,
+                      stride, in_use_slot):
+    """``run_batch`` with the caching policy."""
+    return run_batch(_caching_allocate, caching_deallocate, _NO_RELEASES, state, ops, ids,
+                     sizes, alignment, id_ptr, out, start, stop, series, stride, in_use_slot)
+
+
+@operation
+def run_batch_compact(state, ops, ids, sizes, alignment, id_ptr, out, start, stop, series,
+                      stride, in_use_slot):
+    """``run_batch`` with the compact policy (whose frees may make a release due)."""
+    return run_batch(_compact_allocate, compact_deallocate, _RELEASES, state, ops, ids, sizes,
+                     alignment, id_ptr, out, start, stop, series, stride, in_use_slot)

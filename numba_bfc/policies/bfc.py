@@ -4,14 +4,17 @@
 ``FinishChunkAllocation``; ``bfc_deallocate`` is ``DeallocateRawInternal``
 without a timing counter. Growth (``Extend``) needs the backend, so it stays
 in the façade: a kernel answers ``NOT_FOUND`` and the façade extends and calls
-again.
+again. The façade calls the ``*_op`` kernels, which take the state alone
+(``kernels.guard``); the rest are helpers, inlined into them.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from ..kernels.chunks import (
+    HONOUR_TIMESTAMPS,
     bin_for_size,
     insert_free,
     queue_timestamped,
@@ -21,7 +24,8 @@ from ..kernels.chunks import (
     split_chunk,
     try_to_coalesce,
 )
-from ..kernels.guard import table_views, tables_idle
+from ..kernels.guard import may_proceed, table_views
+from ..kernels.jit import inner, operation
 from ..kernels.layout import (
     INVALID_POINTER,
     NEED_ROWS,
@@ -41,6 +45,9 @@ from ..kernels.layout import (
 from ..kernels.ptrmap import map_insert, map_remove
 from ..kernels.tree import tree_lower_bound, tree_successor
 
+UNTAGGED = np.int64(0)  # freed_before / freed_at_count: no timing count (not a literal 0,
+# which Numba would compile the callee for separately)
+
 
 @njit(cache=True, inline="always")
 def alignment_padding(ptr, alignment, quantum):
@@ -49,7 +56,7 @@ def alignment_padding(ptr, alignment, quantum):
     return round_up(aligned - ptr, quantum)
 
 
-@njit(cache=True)
+@inner
 def fit_in_tree(chunks, root, rounded, alignment, quantum, freed_before):
     """First chunk in ``(size, ptr)`` order of one ordered free set that holds
     ``rounded`` bytes after alignment padding (in ``quantum`` units) and is not
@@ -66,7 +73,7 @@ def fit_in_tree(chunks, root, rounded, alignment, quantum, freed_before):
     return NO_HANDLE
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def find_fit(chunks, bins, state, rounded, alignment, freed_before, first_bin, stop_bin):
     """Best fit: first chunk in ``(size, ptr)`` order, in bins ``first_bin`` up to
     ``stop_bin`` (exclusive), that holds ``rounded`` bytes after alignment padding
@@ -89,7 +96,7 @@ def should_split(size, rounded, max_internal_fragmentation):
     return size >= rounded * 2 or size - rounded >= max_internal_fragmentation
 
 
-@njit(cache=True)
+@inner
 def take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignment):
     """Hand out free chunk ``h`` for ``num_bytes`` (TF's ``AllocateChunkFromLowEnd``
     + ``FinishChunkAllocation``): split off alignment padding before it and,
@@ -99,11 +106,12 @@ def take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignm
     pad = alignment_padding(chunks[h]["ptr"], alignment, quantum)
     if pad > 0:
         # The unaligned prefix stays behind as a free chunk of its own.
-        aligned = split_chunk(chunks, bins, regions, state, h, pad, False)
+        aligned = split_chunk(chunks, bins, regions, state, h, pad)
         insert_free(chunks, bins, regions, state, h)
         h = aligned
     if should_split(chunks[h]["size"], rounded, state[S_MAX_INTERNAL_FRAGMENTATION]):
-        split_chunk(chunks, bins, regions, state, h, rounded, True)
+        insert_free(chunks, bins, regions, state,
+                    split_chunk(chunks, bins, regions, state, h, rounded))
     size = chunks[h]["size"]
     chunks[h]["requested_size"] = num_bytes
     chunks[h]["allocation_id"] = state[S_NEXT_ALLOCATION_ID]
@@ -117,7 +125,7 @@ def take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignm
     return ptr
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, alignment,
                        freed_before, first_bin, stop_bin):
     """Serve ``num_bytes`` (``rounded`` after rounding, ``alignment`` at least the
@@ -134,7 +142,7 @@ def allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, a
     return take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignment)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed_before):
     """Serve ``num_bytes`` (> 0) from the size bins, from the request's bin up.
 
@@ -149,7 +157,7 @@ def bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed
                               bin_for_size(rounded, quantum, nbins), nbins)
 
 
-@njit(cache=True)
+@inner
 def _mark_free(chunks, pmap, state, ptr, freed_at_count):
     h = map_remove(pmap, state, ptr)
     if h == NO_HANDLE:
@@ -160,48 +168,27 @@ def _mark_free(chunks, pmap, state, ptr, freed_at_count):
     return h
 
 
-@njit(cache=True)
+@inner
 def free_and_coalesce(chunks, bins, regions, pmap, state, ptr):
     """Free the allocation at ``ptr``, coalesce and bin it; returns ``(size,
     handle)``: its size and the free chunk it ended up in, or
     ``(INVALID_POINTER, -1)``."""
-    h = _mark_free(chunks, pmap, state, ptr, 0)
+    h = _mark_free(chunks, pmap, state, ptr, UNTAGGED)
     if h == NO_HANDLE:
         return INVALID_POINTER, NO_HANDLE
     size = chunks[h]["size"]
-    h = try_to_coalesce(chunks, bins, regions, state, h, False)
+    h = try_to_coalesce(chunks, bins, regions, state, h, HONOUR_TIMESTAMPS)
     insert_free(chunks, bins, regions, state, h)
     return size, h
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def bfc_deallocate(chunks, bins, regions, pmap, state, ptr):
     """Free the allocation at ``ptr`` and coalesce; returns its size or ``INVALID_POINTER``."""
     return free_and_coalesce(chunks, bins, regions, pmap, state, ptr)[0]
 
 
-@njit(cache=True)
-def bfc_allocate_unlocked(state, num_bytes):
-    """``bfc_allocate`` at natural alignment for a caller without the façade's
-    lock: ``TABLES_BUSY`` (nothing changed) while the lock is held
-    (``kernels.guard``)."""
-    if not tables_idle(state):
-        return TABLES_BUSY
-    chunks, bins, regions, pmap = table_views(state)
-    return bfc_allocate(chunks, bins, regions, pmap, state, num_bytes, 0, 0)
-
-
-@njit(cache=True)
-def bfc_deallocate_unlocked(state, ptr):
-    """``bfc_deallocate`` for a caller without the façade's lock (see
-    ``bfc_allocate_unlocked``)."""
-    if not tables_idle(state):
-        return TABLES_BUSY
-    chunks, bins, regions, pmap = table_views(state)
-    return bfc_deallocate(chunks, bins, regions, pmap, state, ptr)
-
-
-@njit(cache=True)
+@inner
 def bfc_deallocate_timestamped(chunks, bins, regions, pmap, state, tsq, ptr, count):
     """Free ``ptr`` tagged with timing count ``count`` (> 0): binned but not
     coalesced, and queued until the safe frontier passes it."""
@@ -213,3 +200,33 @@ def bfc_deallocate_timestamped(chunks, bins, regions, pmap, state, tsq, ptr, cou
     insert_free(chunks, bins, regions, state, h)
     queue_timestamped(chunks, state, tsq, h)
     return chunks[h]["size"]
+
+
+@operation
+def bfc_allocate_op(state, num_bytes, alignment, freed_before, locked):
+    """``bfc_allocate`` on the tables the state records. With ``locked``
+    false (a caller without the façade's lock) it answers ``TABLES_BUSY``,
+    changing nothing, while the lock is held (``kernels.guard``)."""
+    if not may_proceed(state, locked):
+        return TABLES_BUSY
+    chunks, bins, regions, pmap, _, st = table_views(state)
+    return bfc_allocate(chunks, bins, regions, pmap, st, num_bytes, alignment, freed_before)
+
+
+@operation
+def bfc_deallocate_op(state, ptr, locked):
+    """``bfc_deallocate`` on the recorded tables; see ``bfc_allocate_op`` for
+    ``locked``."""
+    if not may_proceed(state, locked):
+        return TABLES_BUSY
+    chunks, bins, regions, pmap, _, st = table_views(state)
+    return bfc_deallocate(chunks, bins, regions, pmap, st, ptr)
+
+
+@operation
+def bfc_deallocate_timestamped_op(state, ptr, count):
+    """``bfc_deallocate_timestamped`` on the recorded tables (under the lock).
+    An operation of its own, so that only programs with timing counters
+    compile it."""
+    chunks, bins, regions, pmap, tsq, st = table_views(state)
+    return bfc_deallocate_timestamped(chunks, bins, regions, pmap, st, tsq, ptr, count)

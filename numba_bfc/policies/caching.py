@@ -17,9 +17,12 @@ blocks by.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from ..kernels.chunks import (
+    IGNORE_TIMESTAMPS,
+    SEPARATE_REGIONS,
     add_region,
     insert_free,
     remove_free,
@@ -29,7 +32,8 @@ from ..kernels.chunks import (
     split_chunk,
     try_to_coalesce,
 )
-from ..kernels.guard import table_views, tables_idle
+from ..kernels.guard import may_proceed, table_views
+from ..kernels.jit import helper, inner, operation
 from ..kernels.layout import (
     INVALID_POINTER,
     NEED_ROWS,
@@ -58,18 +62,23 @@ NUM_POOLS = 2
 
 # Statistics (PyTorch's DeviceStats), each a StatArray over [all, small, large]
 # of [current, peak, allocated, freed]; the two oversize stats use "all" only.
-ALLOCATION = 0
-ALLOCATED_BYTES = 1
-SEGMENT = 2
-RESERVED_BYTES = 3
-ACTIVE = 4
-ACTIVE_BYTES = 5
-INACTIVE_SPLIT = 6
-INACTIVE_SPLIT_BYTES = 7
-REQUESTED_BYTES = 8
-OVERSIZE_ALLOCATIONS = 9
-OVERSIZE_SEGMENTS = 10
+# NumPy scalars, not ints: Numba compiles a callee once per distinct literal
+# int argument, and ``stat_update`` is called with a dozen of them.
+ALLOCATION = np.int64(0)
+ALLOCATED_BYTES = np.int64(1)
+SEGMENT = np.int64(2)
+RESERVED_BYTES = np.int64(3)
+ACTIVE = np.int64(4)
+ACTIVE_BYTES = np.int64(5)
+INACTIVE_SPLIT = np.int64(6)
+INACTIVE_SPLIT_BYTES = np.int64(7)
+REQUESTED_BYTES = np.int64(8)
+OVERSIZE_ALLOCATIONS = np.int64(9)
+OVERSIZE_SEGMENTS = np.int64(10)
 NUM_STATS = 11
+UP = np.int64(1)  # stat_update deltas of one
+DOWN = np.int64(-1)
+AGGREGATE_ONLY = np.int64(-1)  # stat_update's pool for the two oversize stats
 STAT_NAMES = ("allocation", "allocated_bytes", "segment", "reserved_bytes", "active",
               "active_bytes", "inactive_split", "inactive_split_bytes", "requested_bytes",
               "oversize_allocations", "oversize_segments")
@@ -94,7 +103,7 @@ def floor_log2(n):
     return k
 
 
-@njit(cache=True)
+@inner
 def roundup_power2_next_division(size, divisions):
     """Round ``size`` up to the next of ``divisions`` equal steps between powers of two."""
     if size & (size - 1) == 0:
@@ -107,7 +116,7 @@ def roundup_power2_next_division(size, divisions):
     return size if rounded == size else rounded + step
 
 
-@njit(cache=True)
+@helper
 def round_size(size, state):
     """PyTorch's ``round_size``: at least 512, a multiple of 512, or the next
     power-of-two division when ``roundup_power2_divisions`` applies."""
@@ -126,7 +135,7 @@ def pool_for_size(size):
     return SMALL_POOL if size <= SMALL_SIZE else LARGE_POOL
 
 
-@njit(cache=True)
+@inner
 def allocation_size(size):
     """PyTorch's ``get_allocation_size``: the segment to request for ``size``."""
     if size <= SMALL_SIZE:
@@ -147,7 +156,7 @@ def _stat_one(state, i, delta):
         state[i + 3] -= delta
 
 
-@njit(cache=True)
+@inner
 def stat_update(state, stat, pool, delta):
     """PyTorch's ``update_stat`` on the aggregate and (if ``pool >= 0``) the pool entry."""
     if delta == 0:
@@ -163,7 +172,7 @@ def is_split(chunks, h):
     return chunks[h]["prev"] != NO_HANDLE or chunks[h]["next"] != NO_HANDLE
 
 
-@njit(cache=True)
+@inner
 def get_free_block(chunks, bins, state, pool, size):
     """PyTorch's ``get_free_block``: the best fit in ``pool``, unless an oversize rule
     rejects it. Returns a handle or -1."""
@@ -192,7 +201,7 @@ def caching_should_split(state, pool, block_size, size):
     return size < state[C_MAX_SPLIT_SIZE] and remaining > SMALL_SIZE
 
 
-@njit(cache=True)
+@inner
 def pool_insert(chunks, bins, regions, state, h):
     """Put free block ``h`` into its pool, stamping the pool's GC clock on it."""
     pool = regions[chunks[h]["region"]]["bin"]
@@ -200,7 +209,7 @@ def pool_insert(chunks, bins, regions, state, h):
     insert_free(chunks, bins, regions, state, h)
 
 
-@njit(cache=True)
+@inner
 def take_block(chunks, bins, regions, pmap, state, h, requested):
     """PyTorch's ``alloc_found_block``: hand out the front of free block ``h``.
 
@@ -211,34 +220,34 @@ def take_block(chunks, bins, regions, pmap, state, h, requested):
     remove_free(chunks, bins, h)
     already_split = is_split(chunks, h)
     if caching_should_split(state, pool, chunks[h]["size"], size):
-        rest = split_chunk(chunks, bins, regions, state, h, size, False)
+        rest = split_chunk(chunks, bins, regions, state, h, size)
         pool_insert(chunks, bins, regions, state, rest)
         if already_split:
             stat_update(state, INACTIVE_SPLIT_BYTES, pool, -size)
         else:
             stat_update(state, INACTIVE_SPLIT_BYTES, pool, chunks[rest]["size"])
-            stat_update(state, INACTIVE_SPLIT, pool, 1)
+            stat_update(state, INACTIVE_SPLIT, pool, UP)
     elif already_split:
         stat_update(state, INACTIVE_SPLIT_BYTES, pool, -chunks[h]["size"])
-        stat_update(state, INACTIVE_SPLIT, pool, -1)
+        stat_update(state, INACTIVE_SPLIT, pool, DOWN)
     block = chunks[h]["size"]
     chunks[h]["requested_size"] = requested
     chunks[h]["allocation_id"] = state[S_NEXT_ALLOCATION_ID]
     state[S_NEXT_ALLOCATION_ID] += 1
     state[S_LARGEST_ALLOC_SIZE] = max(state[S_LARGEST_ALLOC_SIZE], block)
-    stat_update(state, ALLOCATION, pool, 1)
+    stat_update(state, ALLOCATION, pool, UP)
     stat_update(state, ALLOCATED_BYTES, pool, block)
-    stat_update(state, ACTIVE, pool, 1)
+    stat_update(state, ACTIVE, pool, UP)
     stat_update(state, ACTIVE_BYTES, pool, block)
     stat_update(state, REQUESTED_BYTES, pool, requested)
     if block >= state[C_MAX_SPLIT_SIZE]:
-        stat_update(state, OVERSIZE_ALLOCATIONS, -1, 1)
+        stat_update(state, OVERSIZE_ALLOCATIONS, AGGREGATE_ONLY, UP)
     ptr = chunks[h]["ptr"]
     map_insert(pmap, state, ptr, h)
     return ptr
 
 
-@njit(cache=True)
+@inner
 def caching_allocate(chunks, bins, regions, pmap, state, requested):
     """Serve ``requested`` (> 0) bytes from the cached blocks.
 
@@ -254,7 +263,7 @@ def caching_allocate(chunks, bins, regions, pmap, state, requested):
     return take_block(chunks, bins, regions, pmap, state, h, requested)
 
 
-@njit(cache=True)
+@inner
 def caching_allocate_from_segment(chunks, bins, regions, pmap, state, r, requested):
     """Serve ``requested`` bytes from the fresh segment in region row ``r``."""
     if not room_for_operation(pmap, state):
@@ -262,7 +271,7 @@ def caching_allocate_from_segment(chunks, bins, regions, pmap, state, r, request
     return take_block(chunks, bins, regions, pmap, state, regions[r]["first"], requested)
 
 
-@njit(cache=True)
+@inner
 def caching_deallocate(chunks, bins, regions, pmap, state, ptr):
     """PyTorch's ``free`` + ``free_block``: merge with free neighbours and cache.
 
@@ -274,10 +283,10 @@ def caching_deallocate(chunks, bins, regions, pmap, state, ptr):
     pool = regions[chunks[h]["region"]]["bin"]
     size = chunks[h]["size"]
     requested = chunks[h]["requested_size"]
-    stat_update(state, ALLOCATION, pool, -1)
+    stat_update(state, ALLOCATION, pool, DOWN)
     stat_update(state, ALLOCATED_BYTES, pool, -size)
     if size >= state[C_MAX_SPLIT_SIZE]:
-        stat_update(state, OVERSIZE_ALLOCATIONS, -1, -1)
+        stat_update(state, OVERSIZE_ALLOCATIONS, AGGREGATE_ONLY, DOWN)
     chunks[h]["allocation_id"] = -1
     merged = 0
     nxt = chunks[h]["next"]
@@ -287,7 +296,7 @@ def caching_deallocate(chunks, bins, regions, pmap, state, ptr):
     if prv != NO_HANDLE and chunks[prv]["allocation_id"] == -1:
         merged += 1
     # Timestamps are a BFC notion; the caching policy always merges.
-    h = try_to_coalesce(chunks, bins, regions, state, h, True)
+    h = try_to_coalesce(chunks, bins, regions, state, h, IGNORE_TIMESTAMPS)
     net_blocks = -merged
     net_bytes = size - chunks[h]["size"]
     if is_split(chunks, h):
@@ -296,53 +305,77 @@ def caching_deallocate(chunks, bins, regions, pmap, state, ptr):
     pool_insert(chunks, bins, regions, state, h)
     stat_update(state, INACTIVE_SPLIT, pool, net_blocks)
     stat_update(state, INACTIVE_SPLIT_BYTES, pool, net_bytes)
-    stat_update(state, ACTIVE, pool, -1)
+    stat_update(state, ACTIVE, pool, DOWN)
     stat_update(state, ACTIVE_BYTES, pool, -size)
     stat_update(state, REQUESTED_BYTES, pool, -requested)
     return size
 
 
-@njit(cache=True)
-def caching_allocate_unlocked(state, requested):
-    """``caching_allocate`` for a caller without the façade's lock:
-    ``TABLES_BUSY`` (nothing changed) while the lock is held
-    (``kernels.guard``), and while the GC age clock runs, because a missed
-    lookup counts on it and the locked retry would count it twice."""
-    if state[C_GC_ACTIVE] or not tables_idle(state):
-        return TABLES_BUSY
-    chunks, bins, regions, pmap = table_views(state)
-    return caching_allocate(chunks, bins, regions, pmap, state, requested)
-
-
-@njit(cache=True)
-def caching_deallocate_unlocked(state, ptr):
-    """``caching_deallocate`` for a caller without the façade's lock."""
-    if not tables_idle(state):
-        return TABLES_BUSY
-    chunks, bins, regions, pmap = table_views(state)
-    return caching_deallocate(chunks, bins, regions, pmap, state, ptr)
-
-
-@njit(cache=True)
+@inner
 def caching_add_segment(chunks, bins, regions, state, ptr, size, pool):
     """Record a new segment from the backend; returns its region row or ``NEED_ROWS``."""
-    r = add_region(chunks, bins, regions, state, ptr, size, False, pool)
+    r = add_region(chunks, bins, regions, state, ptr, size, SEPARATE_REGIONS, pool)
     if r < 0:
         return r
-    stat_update(state, SEGMENT, pool, 1)
+    stat_update(state, SEGMENT, pool, UP)
     stat_update(state, RESERVED_BYTES, pool, size)
     if size >= state[C_MAX_SPLIT_SIZE]:
-        stat_update(state, OVERSIZE_SEGMENTS, -1, 1)
+        stat_update(state, OVERSIZE_SEGMENTS, AGGREGATE_ONLY, UP)
     return r
 
 
-@njit(cache=True)
+@inner
 def caching_release_segment(chunks, bins, regions, state, r):
     """Forget the (entirely free) segment in region row ``r``; returns its size."""
     pool = regions[r]["bin"]
     size = remove_region(chunks, bins, regions, state, r)
-    stat_update(state, SEGMENT, pool, -1)
+    stat_update(state, SEGMENT, pool, DOWN)
     stat_update(state, RESERVED_BYTES, pool, -size)
     if size >= state[C_MAX_SPLIT_SIZE]:
-        stat_update(state, OVERSIZE_SEGMENTS, -1, -1)
+        stat_update(state, OVERSIZE_SEGMENTS, AGGREGATE_ONLY, DOWN)
     return size
+
+
+@operation
+def caching_allocate_op(state, requested, locked):
+    """``caching_allocate`` on the tables the state records. With ``locked``
+    false (a caller without the façade's lock) it answers ``TABLES_BUSY``,
+    changing nothing, while the lock is held (``kernels.guard``), and while
+    the GC age clock runs, because a missed lookup counts on it and the
+    locked retry would count it twice."""
+    if not locked and state[C_GC_ACTIVE]:
+        return TABLES_BUSY
+    if not may_proceed(state, locked):
+        return TABLES_BUSY
+    chunks, bins, regions, pmap, _, st = table_views(state)
+    return caching_allocate(chunks, bins, regions, pmap, st, requested)
+
+
+@operation
+def caching_deallocate_op(state, ptr, locked):
+    """``caching_deallocate`` on the recorded tables; see ``caching_allocate_op``."""
+    if not may_proceed(state, locked):
+        return TABLES_BUSY
+    chunks, bins, regions, pmap, _, st = table_views(state)
+    return caching_deallocate(chunks, bins, regions, pmap, st, ptr)
+
+
+@operation
+def caching_allocate_from_segment_op(state, r, requested):
+    """``caching_allocate_from_segment`` on the recorded tables (under the lock)."""
+    chunks, bins, regions, pmap, _, st = table_views(state)
+    return caching_allocate_from_segment(chunks, bins, regions, pmap, st, r, requested)
+
+
+@operation
+def caching_add_segment_op(state, ptr, size, pool):
+    """``caching_add_segment`` on the recorded tables (under the lock)."""
+    chunks, bins, regions, _, _, st = table_views(state)
+    return caching_add_segment(chunks, bins, regions, st, ptr, size, pool)
+
+
+@operation
+def caching_release_segment_op(state, r):
+    """``caching_release_segment`` on the recorded tables (under the lock)."""
+    chunks, bins, regions, _, _, st = table_views(state)
+    return caching_release_segment(chunks, bins, regions, st, r)

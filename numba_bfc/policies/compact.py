@@ -19,10 +19,12 @@ has become worth giving back.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from ..kernels.chunks import free_tail_start, round_up
-from ..kernels.guard import table_views, tables_idle
+from ..kernels.guard import may_proceed, table_views
+from ..kernels.jit import inner, operation
 from ..kernels.layout import NO_HANDLE, S_MIN_ALLOCATION, STATE_SIZE, TABLES_BUSY
 from .bfc import allocate_from_bins, free_and_coalesce
 
@@ -42,7 +44,7 @@ def space_for(rounded, state):
     return SMALL_SPACE if rounded < state[S_SMALL_SIZE] else LARGE_SPACE
 
 
-@njit(cache=True)
+@inner
 def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed_before):
     """Serve ``num_bytes`` (> 0) by best fit in its space.
 
@@ -56,7 +58,7 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
                               max(alignment, quantum), freed_before, space, space + 1)
 
 
-@njit(cache=True)
+@inner
 def tail_release_due(chunks, regions, state, r):
     """True if region ``r`` ends in a free chunk of at least the release
     threshold that covers its newest backend piece (so some can go back)."""
@@ -68,12 +70,12 @@ def tail_release_due(chunks, regions, state, r):
             and start <= regions[r]["last_piece"])
 
 
-@njit(cache=True)
+@inner
 def top_region_tail(chunks, regions, space):
     """``(end, free tail bytes)`` of the region of ``space`` that ends highest;
     ``(0, 0)`` if the space has none. Growth on a contiguous backend extends
     that region."""
-    best = -1
+    best = np.int64(NO_HANDLE)
     end = 0
     for r in range(regions.shape[0]):
         if (regions[r]["size"] > 0 and regions[r]["bin"] == space
@@ -85,34 +87,47 @@ def top_region_tail(chunks, regions, space):
     return end, end - free_tail_start(chunks, regions, best)
 
 
-@njit(cache=True)
+@inner
 def compact_deallocate(chunks, bins, regions, pmap, state, ptr):
     """Free ``ptr`` and coalesce, as ``bfc_deallocate``; returns its size or
     ``INVALID_POINTER``. Sets ``state[S_RELEASE_DUE]`` when the region's free
     tail should go back to the backend."""
     size, h = free_and_coalesce(chunks, bins, regions, pmap, state, ptr)
-    if h != NO_HANDLE and tail_release_due(chunks, regions, state, chunks[h]["region"]):
-        state[S_RELEASE_DUE] = chunks[h]["region"] + 1
+    if h != NO_HANDLE:
+        r = np.int64(chunks[h]["region"])
+        if tail_release_due(chunks, regions, state, r):
+            state[S_RELEASE_DUE] = r + 1
     return size
 
 
-@njit(cache=True)
-def compact_allocate_unlocked(state, num_bytes):
-    """``compact_allocate`` at natural alignment for a caller without the
-    façade's lock: ``TABLES_BUSY`` (nothing changed) while the lock is held
-    (``kernels.guard``)."""
-    if not tables_idle(state):
+@operation
+def compact_allocate_op(state, num_bytes, alignment, freed_before, locked):
+    """``compact_allocate`` on the tables the state records. With ``locked``
+    false (a caller without the façade's lock) it answers ``TABLES_BUSY``,
+    changing nothing, while the lock is held (``kernels.guard``)."""
+    if not may_proceed(state, locked):
         return TABLES_BUSY
-    chunks, bins, regions, pmap = table_views(state)
-    return compact_allocate(chunks, bins, regions, pmap, state, num_bytes, 0, 0)
+    chunks, bins, regions, pmap, _, st = table_views(state)
+    return compact_allocate(chunks, bins, regions, pmap, st, num_bytes, alignment,
+                            freed_before)
 
 
-@njit(cache=True)
-def compact_deallocate_unlocked(state, ptr):
-    """``compact_deallocate`` for a caller without the façade's lock; steps
-    aside too when a free may make a give-back due (a release threshold is
-    set), since that decision must stay under the lock with the free."""
-    if state[S_RELEASE_THRESHOLD] > 0 or not tables_idle(state):
+@operation
+def compact_deallocate_op(state, ptr, locked):
+    """``compact_deallocate`` on the recorded tables. With ``locked`` false it
+    also steps aside when a free may make a give-back due (a release threshold
+    is set), since that decision must stay under the lock with the free.
+    (Timestamped frees are BFC's: ``bfc_deallocate_timestamped_op``.)"""
+    if not locked and state[S_RELEASE_THRESHOLD] > 0:
         return TABLES_BUSY
-    chunks, bins, regions, pmap = table_views(state)
-    return compact_deallocate(chunks, bins, regions, pmap, state, ptr)
+    if not may_proceed(state, locked):
+        return TABLES_BUSY
+    chunks, bins, regions, pmap, _, st = table_views(state)
+    return compact_deallocate(chunks, bins, regions, pmap, st, ptr)
+
+
+@operation
+def top_region_tail_op(state, space):
+    """``top_region_tail`` on the recorded tables (under the lock)."""
+    chunks, _, regions, _, _, _ = table_views(state)
+    return top_region_tail(chunks, regions, space)

@@ -1,0 +1,111 @@
+"""Chunk-level operations the façade calls: ``state`` and scalars in, views inside.
+
+Each is one helper of ``kernels.chunks`` or ``kernels.ptrmap`` run on the
+tables the state records (``kernels.guard.table_views``), so the helpers are
+compiled once, for the views' types, and pass no reference-counted arrays.
+All are called with the façade's lock held.
+"""
+
+from __future__ import annotations
+
+from .chunks import (
+    add_region,
+    free_head_end,
+    free_region_rows,
+    free_tail_start,
+    join_regions,
+    largest_free_chunk,
+    merge_timestamped_chunks,
+    punch_region,
+    remove_region,
+    trim_region,
+)
+from .guard import table_views
+from .jit import operation
+from .ptrmap import map_lookup, map_rehash
+
+
+@operation
+def add_region_op(state, ptr, size, coalesce, pool_bin):
+    """``chunks.add_region`` on the recorded tables."""
+    chunks, bins, regions, _, _, st = table_views(state)
+    return add_region(chunks, bins, regions, st, ptr, size, coalesce, pool_bin)
+
+
+@operation
+def remove_region_op(state, r):
+    """``chunks.remove_region`` on the recorded tables."""
+    chunks, bins, regions, _, _, st = table_views(state)
+    return remove_region(chunks, bins, regions, st, r)
+
+
+@operation
+def free_region_rows_op(state, out):
+    """``chunks.free_region_rows`` on the recorded tables."""
+    chunks, _, regions, _, _, _ = table_views(state)
+    return free_region_rows(chunks, regions, out)
+
+
+@operation
+def largest_free_chunk_op(state):
+    """``chunks.largest_free_chunk`` on the recorded tables."""
+    chunks, bins, _, _, _, _ = table_views(state)
+    return largest_free_chunk(chunks, bins)
+
+
+@operation
+def merge_timestamped_op(state, required_bytes, safe_frontier):
+    """``chunks.merge_timestamped_chunks`` on the recorded tables."""
+    chunks, bins, regions, _, tsq, st = table_views(state)
+    return merge_timestamped_chunks(chunks, bins, regions, st, tsq, required_bytes,
+                                    safe_frontier)
+
+
+@operation
+def free_tail_start_op(state, r):
+    """``chunks.free_tail_start`` on the recorded tables."""
+    chunks, _, regions, _, _, _ = table_views(state)
+    return free_tail_start(chunks, regions, r)
+
+
+@operation
+def free_head_end_op(state, r):
+    """``chunks.free_head_end`` on the recorded tables."""
+    chunks, _, regions, _, _, _ = table_views(state)
+    return free_head_end(chunks, regions, r)
+
+
+@operation
+def trim_region_op(state, r, new_end, last_piece):
+    """``chunks.trim_region`` on the recorded tables."""
+    chunks, bins, regions, _, _, st = table_views(state)
+    return trim_region(chunks, bins, regions, st, r, new_end, last_piece)
+
+
+@operation
+def punch_region_op(state, r, lo, hi, left_last_piece):
+    """``chunks.punch_region`` on the recorded tables."""
+    chunks, bins, regions, _, _, st = table_views(state)
+    return punch_region(chunks, bins, regions, st, r, lo, hi, left_last_piece)
+
+
+@operation
+def join_regions_op(state, ra, rb):
+    """``chunks.join_regions`` on the recorded tables."""
+    chunks, bins, regions, _, _, st = table_views(state)
+    join_regions(chunks, bins, regions, st, ra, rb)
+
+
+@operation
+def map_lookup_op(state, ptr):
+    """``ptrmap.map_lookup`` on the recorded pointer map."""
+    _, _, _, pmap, _, _ = table_views(state)
+    return map_lookup(pmap, ptr)
+
+
+@operation
+def map_rehash_op(state, new):
+    """``ptrmap.map_rehash`` from the recorded pointer map into the empty
+    table ``new`` (the caller then records ``new`` in its place)."""
+    _, _, _, old, _, st = table_views(state)
+    map_rehash(old, new, st)
