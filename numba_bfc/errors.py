@@ -93,6 +93,11 @@ class OutOfMemoryError(MemoryError):
         self._built()
         return self._report_stale
 
+    def __reduce__(self):
+        # The deferred report refers to the allocator, which does not travel.
+        self._built()
+        return type(self), self.args, self.__dict__
+
     def report_keywords(self) -> dict:
         """Keywords for ``OutOfMemoryError(...)`` that hand this error's report,
         built or not, to an error that wraps it."""

@@ -45,6 +45,39 @@ def test_import_compiles_nothing():
     assert found > 30 and compiled == 0
 
 
+_ONE_COMPILE_EACH = r"""
+import json, sys
+from numba_bfc import BFCAllocator, CachingAllocator, CompactAllocator, SharedCounter
+from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.traces import replay
+from numba_bfc.traces.data import load_bundled
+from numba.core.registry import CPUDispatcher
+for cls in (BFCAllocator, CachingAllocator, CompactAllocator):
+    a = cls(VirtualSubAllocator(contiguous=True), memory_limit=1 << 30)
+    a.deallocate_raw(a.allocate_raw(1000))
+    replay(load_bundled("cnn_train"), a.name)
+a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
+a.set_timing_counter(SharedCounter())
+a.deallocate_raw(a.allocate_raw(1000))
+a.allocate_raw(1000)
+mods = [m for n, m in list(sys.modules.items())
+        if n.startswith(("numba_bfc.kernels", "numba_bfc.policies"))]
+kernels = {obj for m in mods for obj in vars(m).values() if isinstance(obj, CPUDispatcher)}
+print(json.dumps({k.py_func.__qualname__: [str(s) for s in k.signatures] for k in kernels}))
+"""
+
+
+def test_every_kernel_compiles_once(tmp_path):
+    """Each compile is a third of a second of cold start: with an empty
+    Numba cache, allocating, freeing, timed frees and replays under every
+    policy compile every kernel for one signature only (see kernels/jit.py),
+    but the batch body: once per policy, with that policy's kernels."""
+    compiled = json.loads(_run(_ONE_COMPILE_EACH, NUMBA_CACHE_DIR=str(tmp_path)))
+    assert sum(map(len, compiled.values())) > 40
+    several = {name: len(sigs) for name, sigs in compiled.items() if len(sigs) > 1}
+    assert several == {"run_batch": 3}
+
+
 def test_fast_entry_points_match_dispatcher():
     fast, out_f, stats_f = json.loads(_run(_SCENARIO))
     slow, out_s, stats_s = json.loads(_run(_SCENARIO, NUMBA_BFC_FASTCALL="0"))

@@ -1,0 +1,141 @@
+"""The out-of-memory report (bin summary, occupancy map) is built on first read.
+
+A failure builds nothing but its message and stats; the first read of
+``bin_summary`` or ``occupancy`` builds both from the allocator, which is the
+allocator at the failure unless it changed in between (``report_stale``).
+The plain-Python oracles build the report at once, so they are the reference
+for what a deferred report must say.
+"""
+
+import gc
+import pickle
+
+import pytest
+
+from numba_bfc import (
+    BFCAllocator,
+    CachingAllocator,
+    CompactAllocator,
+    OutOfMemoryError,
+)
+from numba_bfc.allocators import _report
+from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.reference import (
+    ReferenceBFCAllocator,
+    ReferenceCachingAllocator,
+    ReferenceCompactAllocator,
+)
+
+MiB = 1 << 20
+
+PAIRS = {
+    "bfc": (BFCAllocator, ReferenceBFCAllocator, {}),
+    "caching": (CachingAllocator, ReferenceCachingAllocator, {}),
+    "compact": (CompactAllocator, ReferenceCompactAllocator, {"page_size": 64 << 10}),
+}
+
+
+def _fragmented(cls, **kw):
+    """40 MiB allocated in 1 MiB pieces, every other one freed: a 48 MiB
+    request into the 64 MiB limit fails."""
+    a = cls(VirtualSubAllocator(contiguous=True), memory_limit=64 * MiB, **kw)
+    live = [a.allocate_raw(MiB) for _ in range(40)]
+    for p in live[::2]:
+        a.deallocate_raw(p)
+    return a, live[1::2]
+
+
+def _failure(a) -> OutOfMemoryError:
+    with pytest.raises(OutOfMemoryError) as e:
+        a.allocate_raw(48 * MiB)
+    return e.value
+
+
+@pytest.mark.parametrize("policy", list(PAIRS))
+def test_a_report_read_at_once_is_the_oracles(policy):
+    cls, oracle_cls, kw = PAIRS[policy]
+    a, _ = _fragmented(cls, **kw)
+    oracle, _ = _fragmented(oracle_cls, **kw)
+    err, expected = _failure(a), _failure(oracle)
+    assert str(err) == str(expected) and err.reason == expected.reason
+    assert err.bin_summary == expected.bin_summary
+    assert err.occupancy == expected.occupancy and "*" in err.occupancy
+    assert not err.report_stale and not expected.report_stale
+
+
+@pytest.mark.parametrize("policy", list(PAIRS))
+def test_a_failure_builds_no_report_until_read(policy, monkeypatch):
+    cls, _, kw = PAIRS[policy]
+    a, _ = _fragmented(cls, **kw)
+    built = []
+    render = _report.render_occupancy
+    monkeypatch.setattr(_report, "render_occupancy",
+                        lambda *args, **kws: built.append(1) or render(*args, **kws))
+    err = _failure(a)
+    str(err), err.stats, err.reason
+    assert built == []
+    occupancy = err.occupancy
+    assert built == [1]
+    assert err.occupancy is occupancy and err.bin_summary is err.bin_summary
+    assert built == [1]  # built once
+
+
+@pytest.mark.parametrize("policy", list(PAIRS))
+def test_a_change_before_the_first_read_makes_the_report_stale(policy):
+    cls, _, kw = PAIRS[policy]
+    a, live = _fragmented(cls, **kw)
+    err = _failure(a)
+    a.deallocate_raw(live[0])
+    assert err.report_stale
+    assert err.occupancy == a.render_occupancy() if hasattr(a, "render_occupancy") else True
+    # Read at once, a report stays the failure's whatever happens after.
+    err = _failure(a)
+    at_failure = err.occupancy
+    a.deallocate_raw(live[1])
+    assert not err.report_stale and err.occupancy == at_failure
+
+
+@pytest.mark.parametrize("change", ["allocate", "free", "give back"])
+def test_every_kind_of_change_is_seen(change):
+    # Two free 2 MiB regions: 3 MiB fails, and either region can go back.
+    a = BFCAllocator(VirtualSubAllocator(), memory_limit=4 * MiB)
+    p1, p2 = a.allocate_raw(MiB), a.allocate_raw(2 * MiB)
+    a.deallocate_raw(p2)
+    with pytest.raises(OutOfMemoryError) as e:
+        a.allocate_raw(3 * MiB)
+    err = e.value
+    if change == "allocate":
+        a.allocate_raw(256)
+    elif change == "free":
+        a.deallocate_raw(p1)
+    else:
+        assert a.deallocate_free_regions()
+    assert err.report_stale
+
+
+def test_an_allocator_gone_before_the_read_leaves_an_empty_stale_report():
+    a, _ = _fragmented(BFCAllocator)
+    err = _failure(a).with_traceback(None)  # the traceback's frames hold the allocator
+    del a
+    gc.collect()
+    assert err.report_stale and err.occupancy == "" and err.bin_summary == []
+
+
+def test_the_error_pickles_with_its_report():
+    a, _ = _fragmented(BFCAllocator)
+    err = _failure(a)
+    back = pickle.loads(pickle.dumps(err))
+    assert str(back) == str(err) and back.reason == err.reason
+    assert back.occupancy == err.occupancy and back.bin_summary == err.bin_summary
+
+
+def test_the_cuda_error_keeps_the_report_deferred(monkeypatch):
+    numba_emm = pytest.importorskip("numba_bfc.integrations.numba_emm")
+    a, _ = _fragmented(BFCAllocator)
+    built = []
+    render = _report.render_occupancy
+    monkeypatch.setattr(_report, "render_occupancy",
+                        lambda *args, **kws: built.append(1) or render(*args, **kws))
+    wrapped = numba_emm.CudaOutOfMemoryError(_failure(a))
+    assert built == [] and isinstance(wrapped, OutOfMemoryError)
+    assert wrapped.occupancy == a.render_occupancy() and built == [1, 1]
