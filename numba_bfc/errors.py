@@ -15,7 +15,8 @@ class OutOfMemoryError(MemoryError):
     request, its rounded size, the allocator's stats at the time, the per-bin
     summary and the occupancy map.
 
-    The message, ``stats`` and ``reason`` are fixed when the error is raised.
+    The message, ``stats`` and ``reason`` are fixed when the error is raised
+    (the message is formatted when first shown).
     The bin summary and the occupancy map cost far more than the failed
     allocation itself (a pass over every chunk), so allocators build them on
     first read of either attribute, from the allocator as it is then. That is
@@ -49,7 +50,7 @@ class OutOfMemoryError(MemoryError):
 
     def __init__(
         self,
-        message: str,
+        message: str | Callable[[], str],
         *,
         allocator_name: str = "",
         num_bytes: int = 0,
@@ -61,7 +62,14 @@ class OutOfMemoryError(MemoryError):
         reason: str = "exhausted",
         report: Callable[[], tuple[list[dict], str, bool]] | None = None,
     ) -> None:
-        super().__init__(message)
+        # A callable message is formatted on first use (str, repr, args,
+        # pickling): a retry loop that only catches the error never pays for it.
+        if callable(message):
+            super().__init__()
+            self._message = message
+        else:
+            super().__init__(message)
+            self._message = None
         self.allocator_name = allocator_name
         self.num_bytes = num_bytes
         self.rounded_bytes = rounded_bytes
@@ -72,6 +80,19 @@ class OutOfMemoryError(MemoryError):
         self._occupancy = occupancy
         self._report_stale = False
         self._report = report  # () -> (bin_summary, occupancy, stale), called once
+
+    def _formatted(self) -> None:
+        if self._message is not None:
+            message, self._message = self._message, None
+            self.args = (message(),)
+
+    def __str__(self) -> str:
+        self._formatted()
+        return super().__str__()
+
+    def __repr__(self) -> str:
+        self._formatted()
+        return super().__repr__()
 
     def _built(self) -> None:
         if self._report is not None:
@@ -95,6 +116,7 @@ class OutOfMemoryError(MemoryError):
 
     def __reduce__(self):
         # The deferred report refers to the allocator, which does not travel.
+        self._formatted()
         self._built()
         return type(self), self.args, self.__dict__
 

@@ -139,3 +139,21 @@ def test_the_cuda_error_keeps_the_report_deferred(monkeypatch):
     wrapped = numba_emm.CudaOutOfMemoryError(_failure(a))
     assert built == [] and isinstance(wrapped, OutOfMemoryError)
     assert wrapped.occupancy == a.render_occupancy() and built == [1, 1]
+
+
+@pytest.mark.parametrize("policy", list(PAIRS))
+def test_the_message_is_formatted_when_first_shown(policy, monkeypatch):
+    from numba_bfc.allocators import _caching_base
+
+    cls, _, kw = PAIRS[policy]
+    a, _ = _fragmented(cls, **kw)
+    formatted = []
+    for module, name in ((_report, "oom_message"), (_caching_base, "_oom_message")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name,
+                            lambda *args, _real=real: formatted.append(1) or _real(*args))
+    err = _failure(a)
+    assert formatted == [] and err.reason and err.stats.bytes_limit == 64 * MiB
+    text = str(err)
+    assert formatted == [1] and err.args == (text,) and text in repr(err)
+    assert str(err) == text and formatted == [1]

@@ -9,6 +9,7 @@ chunk machinery (``BFCAllocator``: Numba kernels over tables;
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -350,8 +351,8 @@ class BFCBase(PooledAllocator):
             else:
                 reason = "exhausted"
         return OutOfMemoryError(
-            _report.oom_message(self._name, n, rounded, alignment, stats, self.memory_limit,
-                                reason),
+            functools.partial(_report.oom_message, self._name, n, rounded, alignment, stats,
+                              self.memory_limit, reason),
             allocator_name=self._name,
             num_bytes=n,
             rounded_bytes=rounded,

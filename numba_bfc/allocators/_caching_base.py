@@ -13,6 +13,7 @@ Single stream: PyTorch's per-stream keys, events and graph pools do not apply.
 from __future__ import annotations
 
 import collections
+import functools
 import sys
 import threading
 import time
@@ -51,6 +52,37 @@ _COUNTER_NAMES = ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
 # One row per free block in a pool, as PyTorch's ordered pool would list it.
 FREE_BLOCK_DTYPE = np.dtype([("size", np.int64), ("ptr", np.int64), ("segment", np.int64),
                              ("split", np.bool_), ("gc_count", np.int64)])
+
+
+def _oom_message(name: str, n: int, alloc_size: int, total: int | None,
+                 device_free: int | None, limit: int | None, stats, reason: str,
+                 split_unlimited: bool) -> str:
+    """PyTorch's out-of-memory text, for ``OutOfMemoryError`` to format when shown."""
+    allocated, reserved = stats.bytes_in_use, stats.bytes_reserved
+    parts = [f"{name}: out of memory. Tried to allocate {format_bytes(alloc_size)} "
+             f"(a segment for a request of {n} bytes)."]
+    if total is not None:
+        parts.append(f"The backend has a total capacity of {format_bytes(total)} of which "
+                     f"{format_bytes(device_free)} is free.")
+    if limit is not None:
+        parts.append(f"{format_bytes(limit)} allowed.")
+    largest = format_bytes(stats.largest_free_block_bytes)
+    parts.append(f"Of the allocated memory {format_bytes(allocated)} is allocated by this "
+                 f"allocator, and {format_bytes(reserved - allocated)} is reserved but "
+                 f"unallocated; the largest free cached block is {largest}.")
+    if reason == "limit":
+        parts.append("The memory limit is what stops this request: raise memory_limit "
+                     "or memory_fraction.")
+    elif reason == "fragmentation":
+        if split_unlimited:
+            parts.append("If reserved but unallocated memory is large, try setting "
+                         "max_split_size_mb to avoid fragmentation.")
+        else:
+            parts.append("Reserved but unallocated memory is fragmented: try a smaller "
+                         "max_split_size_mb or roundup_power2_divisions.")
+    else:
+        parts.append("Free memory elsewhere, or allocate less.")
+    return " ".join(parts)
 
 
 def allocation_size(size: int) -> int:
@@ -400,8 +432,7 @@ class CachingBase(PooledAllocator):
         """Free every cached unsplit segment, large pool first (``empty_cache``)."""
         self._events["num_sync_all_streams"] += 1
         for pool in (LARGE_POOL, SMALL_POOL):
-            blocks = self._free_blocks(pool)
-            for segment in blocks["segment"][~blocks["split"]].tolist():
+            for segment in self._unsplit_free_segments(pool):
                 self._release(segment)
 
     def _garbage_collect(self) -> None:
@@ -454,36 +485,19 @@ class CachingBase(PooledAllocator):
             self._trace("oom", device_free or 0, alloc_size)
         allocated, reserved = stats.bytes_in_use, stats.bytes_reserved
         cached = reserved - allocated
-        parts = [f"{self._name}: out of memory. Tried to allocate {format_bytes(alloc_size)} "
-                 f"(a segment for a request of {n} bytes)."]
-        if total is not None:
-            parts.append(f"The backend has a total capacity of {format_bytes(total)} of which "
-                         f"{format_bytes(device_free)} is free.")
-        if self.memory_limit is not None:
-            parts.append(f"{format_bytes(self.memory_limit)} allowed.")
-        largest = format_bytes(stats.largest_free_block_bytes)
-        parts.append(f"Of the allocated memory {format_bytes(allocated)} is allocated by this "
-                     f"allocator, and {format_bytes(cached)} is reserved but unallocated; the "
-                     f"largest free cached block is {largest}.")
         limited = (self.memory_limit is not None and reserved + alloc_size > self.memory_limit
                    and (device_free is None or device_free >= alloc_size))
         if limited:
             reason = "limit"
-            parts.append("The memory limit is what stops this request: raise memory_limit "
-                         "or memory_fraction.")
         elif cached >= alloc_size or cached > allocated:
             reason = "fragmentation"
-            if self.max_split_size == UNLIMITED:
-                parts.append("If reserved but unallocated memory is large, try setting "
-                             "max_split_size_mb to avoid fragmentation.")
-            else:
-                parts.append("Reserved but unallocated memory is fragmented: try a smaller "
-                             "max_split_size_mb or roundup_power2_divisions.")
         else:
             reason = "exhausted" if total is not None and device_free < alloc_size else "backend"
-            parts.append("Free memory elsewhere, or allocate less.")
+        message = functools.partial(_oom_message, self._name, n, alloc_size, total, device_free,
+                                    self.memory_limit, stats, reason,
+                                    self.max_split_size == UNLIMITED)
         return OutOfMemoryError(
-            " ".join(parts), allocator_name=self._name, num_bytes=n, rounded_bytes=alloc_size,
+            message, allocator_name=self._name, num_bytes=n, rounded_bytes=alloc_size,
             alignment=MIN_BLOCK_SIZE, stats=stats, reason=reason,
             **_report.oom_report(self, None))
 
@@ -584,6 +598,11 @@ class CachingBase(PooledAllocator):
 
     def _free_block(self, ptr: int) -> int | None:
         raise NotImplementedError
+
+    def _unsplit_free_segments(self, pool: int) -> list:
+        """The segments of ``pool`` that are one free block, in ``(size, address)`` order."""
+        blocks = self._free_blocks(pool)
+        return blocks["segment"][~blocks["split"]].tolist()
 
     def _free_blocks(self, pool: int) -> np.ndarray:
         """The pool's free blocks as ``FREE_BLOCK_DTYPE``, in ``(size, ptr)`` order."""

@@ -32,6 +32,7 @@ from ._validate import check_alignment
 ALLOCATE = 0
 FREE = 1
 _NO_SERIES = np.zeros((0, 2), dtype=np.int64)
+_SAMPLE_USAGE = Kernel(sample_usage)
 
 
 # Without a GIL two kernel calls can run at once, so nothing may go lock-free:
@@ -133,7 +134,7 @@ class TableStore:
                     self.deallocate_raw(p)
                 id_ptr[ids[i]] = -1
             if stride > 0:
-                sample_usage(series, stride, i, self._state, self._IN_USE_SLOT)
+                _SAMPLE_USAGE.call(series, stride, i, self._state, self._IN_USE_SLOT)
 
     @staticmethod
     def _served(serve, i: int, sizes, alignment: int, on_oom) -> int:
@@ -173,8 +174,9 @@ class TableStore:
         # Every allocation takes a new id, every free shrinks the pointer map,
         # and every other change to the chunks changes the pool, the regions
         # or the timestamped queue.
-        return tuple(self._state[[L.S_NEXT_ALLOCATION_ID, L.S_MAP_COUNT, L.S_POOL_BYTES,
-                                  L.S_NUM_REGIONS, L.S_TSQ_COUNT]].tolist())
+        st = self._state
+        return (int(st[L.S_NEXT_ALLOCATION_ID]), int(st[L.S_MAP_COUNT]),
+                int(st[L.S_POOL_BYTES]), int(st[L.S_NUM_REGIONS]), int(st[L.S_TSQ_COUNT]))
 
     def _lookup(self, ptr: int):
         h = map_lookup_op(self._state, ptr)
@@ -290,7 +292,7 @@ class TableStore:
             if code == RELEASE_DUE:
                 self._serve_release_due()
                 if stride > 0:
-                    sample_usage(series, stride, i - 1, self._state, in_use)
+                    _SAMPLE_USAGE.call(series, stride, i - 1, self._state, in_use)
                 continue
             if code != L.NOT_FOUND:
                 raise self._not_live(i, ids)
@@ -301,5 +303,5 @@ class TableStore:
             id_ptr[ids[i]] = p
             out[i] = max(p, 0)
             if stride > 0:
-                sample_usage(series, stride, i, self._state, in_use)
+                _SAMPLE_USAGE.call(series, stride, i, self._state, in_use)
             i += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import layout as L
-from ..kernels.operations import largest_free_chunk_op
+from ..kernels.operations import largest_free_chunk_op, whole_free_regions_op
 from ..policies import caching as C
 from ..policies.batch import run_batch_caching
 from ._caching_base import FREE_BLOCK_DTYPE, ONE_EIB, CachingBase
@@ -18,6 +18,8 @@ __all__ = ["CachingAllocator"]
 # Each serves a caller with or without the lock (the last argument).
 _ALLOCATE = Kernel(C.caching_allocate_op)
 _DEALLOCATE = Kernel(C.caching_deallocate_op)
+_WHOLE_FREE_REGIONS = Kernel(whole_free_regions_op)
+_ROUND_SIZE = Kernel(C.round_size)
 
 
 class CachingAllocator(TableStore, CachingBase):
@@ -128,7 +130,7 @@ class CachingAllocator(TableStore, CachingBase):
 
     # ------------------------------------------------------------------ block store
     def _round_size(self, n: int) -> int:
-        return int(C.round_size(n, self._state))
+        return int(_ROUND_SIZE.call(n, self._state))
 
     def _find_block(self, n: int) -> int:
         p = self._until_room(_ALLOCATE.call, n, True)
@@ -152,6 +154,10 @@ class CachingAllocator(TableStore, CachingBase):
     def _free_block(self, ptr: int) -> int | None:
         r = _DEALLOCATE.call(self._state, ptr, True)
         return None if r < 0 else int(r)
+
+    def _unsplit_free_segments(self, pool: int) -> list[int]:
+        rows = np.empty(self._regions.shape[0], dtype=np.int64)
+        return rows[:_WHOLE_FREE_REGIONS.call(self._state, pool, rows)].tolist()
 
     def _free_blocks(self, pool: int) -> np.ndarray:
         ch = self._chunks

@@ -250,6 +250,29 @@ def free_region_rows(chunks, regions, out):
 
 
 @inner
+def whole_free_regions(chunks, regions, pool_bin, out):
+    """Write the rows of the regions with fixed bin ``pool_bin`` that are one
+    free chunk into ``out``, in ``(size, base)`` order; return how many."""
+    n = 0
+    for r in range(regions.shape[0]):
+        h = regions[r]["first"]
+        if (regions[r]["size"] > 0 and regions[r]["bin"] == pool_bin and h == regions[r]["last"]
+                and chunks[h]["allocation_id"] == -1):
+            out[n] = r
+            n += 1
+    # Insertion sort: a pool has few such regions, and this keeps the order stable.
+    for i in range(1, n):
+        r = out[i]
+        j = i - 1
+        while j >= 0 and (regions[out[j]]["size"], regions[out[j]]["base"]) > (
+                regions[r]["size"], regions[r]["base"]):
+            out[j + 1] = out[j]
+            j -= 1
+        out[j + 1] = r
+    return n
+
+
+@inner
 def remove_region(chunks, bins, regions, state, r):
     """Drop region ``r`` and all its (free) chunks; return its size."""
     h = regions[r]["first"]
