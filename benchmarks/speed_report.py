@@ -32,7 +32,7 @@ import numpy as np
 
 from numba_bfc import BFCAllocator, CachingAllocator, CompactAllocator, OutOfMemoryError
 from numba_bfc.backends import VirtualSubAllocator
-from numba_bfc.traces import min_limit, replay
+from numba_bfc.traces import make_allocator, min_limit, replay
 from numba_bfc.traces.data import bundled_names, load_bundled
 
 BEGIN, END = "<!-- speed-report:begin -->", "<!-- speed-report:end -->"
@@ -108,6 +108,41 @@ def replay_section(peers: str | None, repeat: int) -> list[str]:
                       f"TinyTorch {max(ratios['caching']):.2f}, compact / bfc "
                       f"{max(ratios['compact']):.2f}."]
         lines.append("")
+    return lines
+
+
+def _peer_warm(peers: str, binary: str, path: str, repeat: int) -> float:
+    """A peer binary's ``warm_ns_per_event``: a second pass over the same allocator."""
+    out = subprocess.run([os.path.join(peers, "bin", binary), "--repeat", str(repeat),
+                          "--limit", str(80 << 30), path], capture_output=True, text=True,
+                         check=True).stdout
+    return float(json.loads(out.splitlines()[-1])["warm_ns_per_event"])
+
+
+def _own_warm(name: str, policy: str, repeat: int) -> float:
+    """ns/event of a replay on an allocator that already served the trace once
+    (every region it needs is there): the kernels alone, no backend calls."""
+    trace = load_bundled(name)
+    allocator = make_allocator(policy)
+    replay(trace, allocator)
+    return min(replay(trace, allocator).seconds for _ in range(repeat)) / len(trace) * 1e9
+
+
+def warm_section(peers: str, repeat: int) -> list[str]:
+    from importlib import resources
+
+    lines = ["Warm replay, ns per event: the same allocator replays the trace again, so no "
+             "new regions or segments (the peers' `warm_ns_per_event`, limit 80 GiB):", "",
+             "| trace | TF BFC | bfc | TinyTorch | caching | compact |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name in bundled_names():
+        path = str(resources.files("numba_bfc.traces.data") / f"{name}.csv.gz")
+        tf = _peer_warm(peers, "tfbfc_replay", path, repeat)
+        tt = _peer_warm(peers, "tinytorch_replay", path, repeat)
+        own = [_own_warm(name, p, repeat) for p in ("bfc", "caching", "compact")]
+        lines.append(f"| {name} | {tf:.0f} | {own[0]:.0f} | {tt:.0f} | {own[1]:.0f} | "
+                     f"{own[2]:.0f} |")
+    lines.append("")
     return lines
 
 
@@ -236,6 +271,8 @@ def main(argv=None) -> int:
              f"{platform.python_version()}, one run, nothing else running. Every figure of a "
              "table comes from the same run.", ""]
     lines += replay_section(args.peers, args.repeat)
+    if args.peers:
+        lines += warm_section(args.peers, args.repeat)
     lines += oom_section()
     lines += pair_section()
     lines += start_section()

@@ -307,7 +307,9 @@ class CompactGrowth:
         in the spaces that remap."""
         ranges: list[tuple[int, int, int, int]] = []
         spaces = [sp for sp in (LARGE_SPACE, SMALL_SPACE) if self._remaps(sp)]
-        if not spaces:
+        # A whole free page needs a free chunk of at least a page: usually none
+        # on the out-of-memory path, and this saves the pass over every chunk.
+        if not spaces or self._largest_free() < min(self._quantum(sp) for sp in spaces):
             return ranges
         records = self._records()
         records = records[~records["in_use"]]
@@ -359,9 +361,11 @@ class CompactGrowth:
         # BFC's: nothing goes back when that cannot make room for ``rounded``
         # (with holes this check is necessary, not sufficient: a retry that
         # still fails leaves the pages given back).
-        tails = sum(self._pieces[p][0] for base, size in self._region_list()
-                    if not self._remaps(self._space_of(base))
-                    for p in self._releasable_pieces(base, size))
+        tails = 0
+        if not all(self._remaps(sp) for sp in (LARGE_SPACE, SMALL_SPACE)):
+            tails = sum(self._pieces[p][0] for base, size in self._region_list()
+                        if not self._remaps(self._space_of(base))
+                        for p in self._releasable_pieces(base, size))
         ranges = self._punchable()
         releasable = tails + sum(hi - lo for _, _, lo, hi in ranges)
         in_use, pool = self._usage()
