@@ -2,7 +2,9 @@
 
 Run from the project root::
 
-    python benchmarks/speed_report.py --peers ../shared/peers --write README.md
+    python benchmarks/speed_report.py --peers ../shared/peers --before OLD --write README.md
+
+(``OLD``: a checkout of earlier code, e.g. ``git worktree add OLD <commit>``.)
 
 Everything runs in this one process or its children, one after the other, on
 this machine: the real C++ peers (TF's BFC, TinyTorch's caching allocator)
@@ -10,7 +12,8 @@ through the peers' own ``compare.py`` (``--peers``, built with its
 ``setup.sh``; without it the peer columns are left out), the ``compact``
 policy on the same traces and limits, a failed allocation, ``min_limit``,
 allocate+free pairs through the API, and cold and warm starts in fresh
-processes. ``--write`` replaces the text between the README's
+processes (with ``--before``, those last four on the earlier code too, side
+by side). ``--write`` replaces the text between the README's
 ``<!-- speed-report:begin -->`` and ``<!-- speed-report:end -->`` markers;
 without it the section is printed.
 """
@@ -21,18 +24,12 @@ import argparse
 import json
 import os
 import platform
-import random
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-import numpy as np
-
-from numba_bfc import BFCAllocator, CachingAllocator, CompactAllocator, OutOfMemoryError
-from numba_bfc.backends import VirtualSubAllocator
-from numba_bfc.traces import make_allocator, min_limit, replay
+from numba_bfc.traces import make_allocator, replay
 from numba_bfc.traces.data import bundled_names, load_bundled
 
 BEGIN, END = "<!-- speed-report:begin -->", "<!-- speed-report:end -->"
@@ -146,113 +143,155 @@ def warm_section(peers: str, repeat: int) -> list[str]:
     return lines
 
 
-def _fragmented(cls, **kw):
-    a = cls(VirtualSubAllocator(contiguous=cls is CompactAllocator), memory_limit=64 * MiB, **kw)
-    live = [a.allocate_raw(MiB) for _ in range(40)]
-    for p in live[::2]:
-        a.deallocate_raw(p)
-    return a
-
-
-def _per_failure(a, read: bool, n: int) -> float:
+_FAILURES = r"""
+import statistics, sys, time
+from numba_bfc import BFCAllocator, CachingAllocator, CompactAllocator, OutOfMemoryError
+from numba_bfc.backends import VirtualSubAllocator
+MiB = 1 << 20
+cls, kw = {"bfc": (BFCAllocator, {}), "caching": (CachingAllocator, {}),
+           "compact": (CompactAllocator, {"page_size": 64 << 10})}[sys.argv[1]]
+a = cls(VirtualSubAllocator(contiguous=cls is CompactAllocator), memory_limit=64 * MiB, **kw)
+live = [a.allocate_raw(MiB) for _ in range(40)]
+for p in live[::2]:
+    a.deallocate_raw(p)
+def fail(n, read):
     t0 = time.perf_counter()
     for _ in range(n):
         try:
             a.allocate_raw(48 * MiB)
         except OutOfMemoryError as e:
-            str(e)
-            if read:
-                len(e.occupancy)  # builds the report
-    return (time.perf_counter() - t0) / n
+            if read > 0:
+                str(e)
+            if read > 1:
+                len(e.occupancy)
+    return (time.perf_counter() - t0) / n * 1e6
+fail(5, 2)
+rounds = ((0, 200), (1, 200), (2, 20))
+print(*(statistics.median(fail(n, read) for _ in range(5)) for read, n in rounds))
+"""
+
+_MIN_LIMIT = r"""
+import sys, time
+from numba_bfc.traces import min_limit
+from numba_bfc.traces.data import load_bundled
+trace = load_bundled(sys.argv[1])
+min_limit(trace, sys.argv[2])
+t0 = time.perf_counter()
+r = min_limit(trace, sys.argv[2])
+print(time.perf_counter() - t0, r.replays)
+"""
 
 
-def oom_section() -> list[str]:
-    lines = ["Failed allocation (48 MiB into a 64 MiB limit with 20 MiB free in 1 MiB holes, "
-             "after the whole slow path), us per failure, median of 5 rounds:", "",
-             "| policy | report deferred | report read (`e.occupancy`) |", "|---|---:|---:|"]
-    for policy, cls, kw in (("bfc", BFCAllocator, {}), ("caching", CachingAllocator, {}),
-                            ("compact", CompactAllocator, {"page_size": 64 << 10})):
-        a = _fragmented(cls, **kw)
-        _per_failure(a, True, 5)
-        lazy = statistics.median(_per_failure(a, False, 200) for _ in range(5))
-        eager = statistics.median(_per_failure(a, True, 20) for _ in range(5))
-        lines.append(f"| {policy} | {lazy * 1e6:.1f} | "
-                     f"{eager * 1e6:.1f} |")
-    lines.append("")
-    for policy in ("bfc", "caching"):
-        trace = load_bundled("cnn_train")
-        min_limit(trace, policy)
-        t0 = time.perf_counter()
-        r = min_limit(trace, policy)
-        lines.append(f"`min_limit(cnn_train, {policy!r})`: {time.perf_counter() - t0:.2f} s, "
-                     f"{r.replays} replays.")
+def _python(code: str, args=(), tree: str | None = None, cache: str | None = None) -> list[str]:
+    """Run ``code`` in a fresh interpreter, on ``tree``'s numba_bfc if given;
+    returns its last output line, split."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_BFC_CONF"}
+    if tree:
+        env["PYTHONPATH"] = tree
+    if cache:
+        env["NUMBA_CACHE_DIR"] = cache
+    # ``-c`` puts the working folder first on the path: run in the tree measured.
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         env=env, check=True, cwd=tree).stdout
+    return out.splitlines()[-1].split()
+
+
+def oom_section(before: str | None) -> list[str]:
+    trees = [("now", None)] + ([("before", before)] if before else [])
+    lines = ["A failed allocation (48 MiB into a 64 MiB limit with 20 MiB free in 1 MiB holes, "
+             "after the whole slow path), us per failure, median of 5 rounds; the error "
+             "caught and nothing read, its message read (`str(e)`), and its report read "
+             "too (`e.occupancy`):", "",
+             "| policy | code | caught | `str(e)` | `str(e)`, `e.occupancy` |",
+             "|---|---|---:|---:|---:|"]
+    for policy in ("bfc", "caching", "compact"):
+        for label, tree in trees:
+            caught, message, report = map(float, _python(_FAILURES, [policy], tree))
+            lines.append(f"| {policy} | {label} | {caught:.1f} | {message:.1f} | {report:.1f} |")
+    lines += ["", "`min_limit` (bisection of the smallest limit; every probe below it fails), "
+              "seconds, after one untimed call:", "",
+              "| trace, policy | replays | code | seconds |", "|---|---:|---|---:|"]
+    for name, policy in (("gpt_train", "bfc"), ("gpt_train", "caching"),
+                         ("generate_kv", "caching")):
+        for label, tree in trees:
+            seconds, replays = _python(_MIN_LIMIT, [name, policy], tree)
+            lines.append(f"| {name}, {policy} | {replays} | {label} | {float(seconds):.3f} |")
     lines.append("")
     return lines
 
 
-def _pairs(cls, live_count: int, max_size: int, rounds: int = 7, pairs: int = 2000) -> float:
+_PAIRS = r"""
+import random, statistics, sys, time
+import numpy as np
+import numba_bfc
+from numba_bfc.backends import VirtualSubAllocator
+cls = getattr(numba_bfc, sys.argv[1])
+def per_pair(live_count, rounds=7, pairs=2000):
     a = cls(VirtualSubAllocator(), memory_limit=1 << 44)
     rng = random.Random(0)
-    sizes = np.array([rng.randint(256, max_size) for _ in range(live_count)])
+    sizes = np.array([rng.randint(256, 4096) for _ in range(live_count)])
     live = a.run_batch(np.zeros(live_count, np.int8), np.arange(live_count), sizes).tolist()
-    churn = [(rng.randrange(live_count), rng.randint(256, max_size)) for _ in range(pairs)]
+    churn = [(rng.randrange(live_count), rng.randint(256, 4096)) for _ in range(pairs)]
     free, alloc = a.deallocate_raw, a.allocate_raw
-
     def run():
         t0 = time.perf_counter()
         for slot, size in churn:
             free(live[slot])
             live[slot] = alloc(size)
-        return (time.perf_counter() - t0) / pairs
-
+        return (time.perf_counter() - t0) / pairs * 1e6
     run()
     return statistics.median(run() for _ in range(rounds))
+print(per_pair(1000), per_pair(1_000_000))
+"""
 
 
-def pair_section() -> list[str]:
+def pair_section(before: str | None) -> list[str]:
+    trees = [("now", None)] + ([("before", before)] if before else [])
     lines = ["Allocate+free pair through the API (`deallocate_raw` then `allocate_raw`, "
              "256 B - 4 KiB), us per pair, median of 7 rounds of 2000:", "",
-             "| policy | 1,000 live | 1,000,000 live | ratio |", "|---|---:|---:|---:|"]
-    for cls in (BFCAllocator, CachingAllocator, CompactAllocator):
-        small, big = _pairs(cls, 1000, 4096), _pairs(cls, 1_000_000, 4096)
-        lines.append(f"| {cls.__name__} | {small * 1e6:.2f} | {big * 1e6:.2f} | "
-                     f"{big / small:.2f} |")
+             "| allocator | code | 1,000 live | 1,000,000 live | ratio |",
+             "|---|---|---:|---:|---:|"]
+    for cls in ("BFCAllocator", "CachingAllocator", "CompactAllocator"):
+        for label, tree in trees:
+            small, big = map(float, _python(_PAIRS, [cls], tree))
+            lines.append(f"| {cls} | {label} | {small:.2f} | {big:.2f} | {big / small:.2f} |")
     lines.append("")
     return lines
 
 
-_FIRST = {
-    "first allocation (bfc)": "from numba_bfc import BFCAllocator\n"
-    "from numba_bfc.backends import VirtualSubAllocator\n"
-    "a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)\n"
-    "a.deallocate_raw(a.allocate_raw(1000))",
-    "first replay (bfc)": "from numba_bfc.traces import replay\n"
-    "from numba_bfc.traces.data import load_bundled\n"
-    "replay(load_bundled('generate_kv'), 'bfc')",
-    "first plan": "from numba_bfc.planning import assign_offsets\n"
-    "from numba_bfc.traces.data import load_bundled\n"
-    "assign_offsets(load_bundled('generate_kv').lifetimes(), 'greedy_by_size')",
-}
+_START = r"""
+import sys, time
+t0 = time.perf_counter()
+import numba_bfc
+t1 = time.perf_counter()
+if sys.argv[1] == "allocation":
+    from numba_bfc.backends import VirtualSubAllocator
+    a = numba_bfc.BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
+    a.allocate_raw(1000)
+elif sys.argv[1] == "replay":
+    from numba_bfc.traces import replay
+    from numba_bfc.traces.data import load_bundled
+    replay(load_bundled("generate_kv"), "bfc")
+else:
+    from numba_bfc.planning import assign_offsets
+    from numba_bfc.traces.data import load_bundled
+    assign_offsets(load_bundled("generate_kv").lifetimes(), "greedy_by_size")
+print(t1 - t0, time.perf_counter() - t1)
+"""
 
 
-def _timed(code: str, cache: str) -> float:
-    prog = ("import time\nt0 = time.perf_counter()\nimport numba_bfc\n" + code +
-            "\nprint(time.perf_counter() - t0)")
-    env = {**os.environ, "NUMBA_CACHE_DIR": cache}
-    env.pop("NUMBA_BFC_CONF", None)
-    out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
-                         env=env, check=True)
-    return float(out.stdout.split()[-1])
-
-
-def start_section() -> list[str]:
-    lines = ["Start-up, seconds from `import numba_bfc` to done, in a fresh process:", "",
-             "| operation | empty Numba cache | warm cache |", "|---|---:|---:|"]
-    for label, code in _FIRST.items():
-        with tempfile.TemporaryDirectory() as cache:
-            cold = _timed(code, cache)
-            warm = min(_timed(code, cache) for _ in range(3))
-        lines.append(f"| {label} | {cold:.2f} | {warm:.2f} |")
+def start_section(before: str | None) -> list[str]:
+    trees = [("now", None)] + ([("before", before)] if before else [])
+    lines = ["Start-up in a fresh process, seconds: `import numba_bfc`, then the first "
+             "allocation (BFC, 1000 B), replay (BFC, `generate_kv`) or plan (`generate_kv`), "
+             "with an empty Numba cache and with the cache that run left (best of 3):", "",
+             "| first | code | import | empty cache | warm cache |", "|---|---|---:|---:|---:|"]
+    for what in ("allocation", "replay", "plan"):
+        for label, tree in trees:
+            with tempfile.TemporaryDirectory() as cache:
+                imported, cold = map(float, _python(_START, [what], tree, cache))
+                warm = min(float(_python(_START, [what], tree, cache)[1]) for _ in range(3))
+            lines.append(f"| {what} | {label} | {imported:.2f} | {cold:.2f} | {warm:.2f} |")
     lines.append("")
     return lines
 
@@ -262,20 +301,24 @@ def main(argv=None) -> int:
     ap.add_argument("--peers", help="the peers' folder (with compare.py and built bin/)")
     ap.add_argument("--repeat", type=int, default=5, help="best of N replays (default 5)")
     ap.add_argument("--write", metavar="README", help="replace the marked section of this file")
+    ap.add_argument("--before", metavar="TREE",
+                    help="a checkout of earlier code: failures, min_limit, pairs and start-up "
+                         "are also measured on it, side by side")
     args = ap.parse_args(argv)
     cpu = platform.processor() or platform.machine()
     lines = [BEGIN, "",
              f"Generated by `python benchmarks/speed_report.py"
-             f"{' --peers PEERS' if args.peers else ''} --write README.md` on "
+             f"{' --peers PEERS' if args.peers else ''}"
+             f"{' --before TREE' if args.before else ''} --write README.md` on "
              f"{time.strftime('%Y-%m-%d')}: {os.cpu_count()} cores ({cpu}), Python "
              f"{platform.python_version()}, one run, nothing else running. Every figure of a "
              "table comes from the same run.", ""]
     lines += replay_section(args.peers, args.repeat)
     if args.peers:
         lines += warm_section(args.peers, args.repeat)
-    lines += oom_section()
-    lines += pair_section()
-    lines += start_section()
+    lines += oom_section(args.before)
+    lines += pair_section(args.before)
+    lines += start_section(args.before)
     lines.append(END)
     text = "\n".join(lines)
     if not args.write:
