@@ -12,7 +12,7 @@ from numba_bfc.traces import make_allocator, replay
 from numba_bfc.traces.data import bundled_names, load_bundled
 
 TRACES = {name: load_bundled(name) for name in bundled_names()}
-CASES = [(t, p) for t in TRACES for p in ("bfc", "caching")]
+CASES = [(t, p) for t in TRACES for p in ("bfc", "caching", "compact")]
 
 
 def python_loop(trace, allocator):
