@@ -270,7 +270,7 @@ class BFCBase(PooledAllocator):
 
     def _extend(self, alignment: int, rounded: int) -> bool:
         """TF's ``Extend``: get a new region big enough for ``rounded`` bytes."""
-        pool = self._counters()["pool_bytes"]
+        pool = self._usage()[1]
         available = (self.memory_limit - pool) // MIN_ALLOCATION * MIN_ALLOCATION
         if rounded > available:
             return False
@@ -312,7 +312,7 @@ class BFCBase(PooledAllocator):
         total = sum(size for _, _, size in candidates)
         if total == 0:
             return False
-        available = self.memory_limit - self._counters()["pool_bytes"] + total
+        available = self.memory_limit - self._usage()[1] + total
         if rounded > available:
             return False
         _log.info("%s: giving %d free region(s), %d bytes, back to the backend",

@@ -23,6 +23,8 @@ import numpy as np
 from ..errors import OutOfMemoryError
 from ..framework.allocator import AllocationAttributes
 from ..policies.caching import (
+    ALLOCATED_BYTES,
+    ALLOCATION,
     LARGE_BUFFER,
     LARGE_POOL,
     MIN_BLOCK_SIZE,
@@ -30,6 +32,7 @@ from ..policies.caching import (
     NUM_STATS,
     OVERSIZE_ALLOCATIONS,
     OVERSIZE_SEGMENTS,
+    RESERVED_BYTES,
     ROUND_LARGE,
     SMALL_BUFFER,
     SMALL_POOL,
@@ -516,17 +519,21 @@ class CachingBase(PooledAllocator):
         return int(st[1, 0, 0]), int(st[3, 0, 0])
 
     def _allocator_stats(self) -> AllocatorStats:
-        st = self._stat_array()
+        # The "all" entries of allocation, allocated_bytes and reserved_bytes,
+        # read at once: [current, peak, allocated, freed] each.
+        rows = self._stat_array()[:RESERVED_BYTES + 1, 0].tolist()
+        allocation, allocated = rows[ALLOCATION], rows[ALLOCATED_BYTES]
+        reserved = rows[RESERVED_BYTES]
         largest = self._largest_free()
-        free = int(st[3, 0, 0] - st[1, 0, 0])
+        free = reserved[0] - allocated[0]
         return AllocatorStats(
-            num_allocs=int(st[0, 0, 2]),
-            bytes_in_use=int(st[1, 0, 0]),
-            peak_bytes_in_use=int(st[1, 0, 1]),
+            num_allocs=allocation[2],
+            bytes_in_use=allocated[0],
+            peak_bytes_in_use=allocated[1],
             largest_alloc_size=self._largest_alloc(),
             bytes_limit=self.memory_limit or 0,
-            bytes_reserved=int(st[3, 0, 0]),
-            peak_bytes_reserved=int(st[3, 0, 1]),
+            bytes_reserved=reserved[0],
+            peak_bytes_reserved=reserved[1],
             largest_free_block_bytes=largest,
             fragmentation=(free - largest) / free if free > 0 else 0.0,
         )

@@ -23,7 +23,12 @@ import numpy as np
 
 from ..errors import InvalidPointerError, OutOfMemoryError
 from ..kernels import layout as L
-from ..kernels.operations import map_lookup_op, map_rehash_op
+from ..kernels.operations import (
+    largest_free_chunk_op,
+    map_lookup_op,
+    map_rehash_op,
+    remove_region_op,
+)
 from ..policies.batch import FAILED, RELEASE_DUE, sample_usage
 from . import _report
 from ._fastcall import Kernel
@@ -33,6 +38,10 @@ ALLOCATE = 0
 FREE = 1
 _NO_SERIES = np.zeros((0, 2), dtype=np.int64)
 _SAMPLE_USAGE = Kernel(sample_usage)
+_MAP_LOOKUP = Kernel(map_lookup_op)
+# Chunk-level operations every table-backed allocator calls.
+REMOVE_REGION = Kernel(remove_region_op)
+LARGEST_FREE_CHUNK = Kernel(largest_free_chunk_op)
 
 
 # Without a GIL two kernel calls can run at once, so nothing may go lock-free:
@@ -179,7 +188,7 @@ class TableStore:
                 int(st[L.S_POOL_BYTES]), int(st[L.S_NUM_REGIONS]), int(st[L.S_TSQ_COUNT]))
 
     def _lookup(self, ptr: int):
-        h = map_lookup_op(self._state, ptr)
+        h = _MAP_LOOKUP.call(self._state, ptr)
         if h < 0:
             return None
         row = self._chunks[h]

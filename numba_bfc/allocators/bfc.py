@@ -8,21 +8,23 @@ from ..kernels import layout as L
 from ..kernels.operations import (
     add_region_op,
     free_region_rows_op,
-    largest_free_chunk_op,
     merge_timestamped_op,
-    remove_region_op,
 )
 from ..policies.batch import run_batch_bfc
 from ..policies.bfc import bfc_allocate_op, bfc_deallocate_op, bfc_deallocate_timestamped_op
 from ._bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase
 from ._fastcall import Kernel
-from ._tables import TableStore
+from ._tables import LARGEST_FREE_CHUNK, REMOVE_REGION, TableStore
 from ._validate import MAX_INT64
 
 __all__ = ["BFCAllocator"]
 
 _ADD_REGION = Kernel(add_region_op)
+_COUNTER_SLOTS = 1 + max(L.S_NUM_ALLOCS, L.S_BYTES_IN_USE, L.S_PEAK_BYTES_IN_USE,
+                         L.S_LARGEST_ALLOC_SIZE, L.S_POOL_BYTES, L.S_PEAK_POOL_BYTES)
 _DEALLOCATE_TIMESTAMPED = Kernel(bfc_deallocate_timestamped_op)
+_MERGE_TIMESTAMPED = Kernel(merge_timestamped_op)
+_FREE_REGION_ROWS = Kernel(free_region_rows_op)
 
 
 class BFCAllocator(TableStore, BFCBase):
@@ -73,9 +75,11 @@ class BFCAllocator(TableStore, BFCBase):
     # under the lock; everything unusual goes to BFCBase.
     def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION,
                      attributes=None, *, freed_before: int = 0) -> int:
-        if (type(num_bytes) is not int or not 0 < num_bytes <= self.memory_limit
-                or alignment != MIN_ALLOCATION or type(alignment) is not int
-                or freed_before or self._timestamps_used or attributes is not None):
+        # The common call, tested cheapest first (a default or small-int 256 is
+        # the same object as MIN_ALLOCATION; any other alignment goes the long way).
+        if not (alignment is MIN_ALLOCATION and attributes is None and not freed_before
+                and type(num_bytes) is int and 0 < num_bytes <= self.memory_limit
+                and not self._timestamps_used):
             return super().allocate_raw(num_bytes, alignment, attributes,
                                         freed_before=freed_before)
         p = self._ALLOCATE.call(self._state, num_bytes, MIN_ALLOCATION, 0, False)
@@ -147,26 +151,26 @@ class BFCAllocator(TableStore, BFCBase):
     def _merge_timestamped(self, required: int, frontier: int) -> bool:
         if not self._state[L.S_TSQ_COUNT]:
             return required == 0
-        return bool(merge_timestamped_op(self._state, required, frontier))
+        return bool(_MERGE_TIMESTAMPED.call(self._state, required, frontier))
 
     def _free_regions(self):
         rows = np.empty(self._regions.shape[0], dtype=np.int64)
-        n = free_region_rows_op(self._state, rows)
+        n = _FREE_REGION_ROWS.call(self._state, rows)
         return [(int(r), int(self._regions[r]["base"]), int(self._regions[r]["size"]))
                 for r in rows[:n]]
 
     def _remove_region(self, key) -> None:
-        remove_region_op(self._state, key)
+        REMOVE_REGION.call(self._state, key)
 
     def _counters(self) -> dict:
-        st = self._state
+        st = self._state[:_COUNTER_SLOTS].tolist()  # one read, not one per slot
         return {
-            "num_allocs": int(st[L.S_NUM_ALLOCS]),
-            "bytes_in_use": int(st[L.S_BYTES_IN_USE]),
-            "peak_bytes_in_use": int(st[L.S_PEAK_BYTES_IN_USE]),
-            "largest_alloc_size": int(st[L.S_LARGEST_ALLOC_SIZE]),
-            "pool_bytes": int(st[L.S_POOL_BYTES]),
-            "peak_pool_bytes": int(st[L.S_PEAK_POOL_BYTES]),
+            "num_allocs": st[L.S_NUM_ALLOCS],
+            "bytes_in_use": st[L.S_BYTES_IN_USE],
+            "peak_bytes_in_use": st[L.S_PEAK_BYTES_IN_USE],
+            "largest_alloc_size": st[L.S_LARGEST_ALLOC_SIZE],
+            "pool_bytes": st[L.S_POOL_BYTES],
+            "peak_pool_bytes": st[L.S_PEAK_POOL_BYTES],
         }
 
     def _usage(self) -> tuple[int, int]:
@@ -179,4 +183,4 @@ class BFCAllocator(TableStore, BFCBase):
         st[L.S_LARGEST_ALLOC_SIZE] = 0
 
     def _largest_free(self) -> int:
-        return int(largest_free_chunk_op(self._state))
+        return int(LARGEST_FREE_CHUNK.call(self._state))

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import layout as L
-from ..kernels.operations import largest_free_chunk_op, whole_free_regions_op
+from ..kernels.operations import whole_free_regions_op
 from ..policies import caching as C
 from ..policies.batch import run_batch_caching
 from ._caching_base import FREE_BLOCK_DTYPE, ONE_EIB, CachingBase
 from ._fastcall import Kernel
-from ._tables import TableStore
+from ._tables import LARGEST_FREE_CHUNK, TableStore
 from ._validate import MAX_INT64
 
 __all__ = ["CachingAllocator"]
@@ -20,6 +20,9 @@ _ALLOCATE = Kernel(C.caching_allocate_op)
 _DEALLOCATE = Kernel(C.caching_deallocate_op)
 _WHOLE_FREE_REGIONS = Kernel(whole_free_regions_op)
 _ROUND_SIZE = Kernel(C.round_size)
+_ADD_SEGMENT = Kernel(C.caching_add_segment_op)
+_FROM_SEGMENT = Kernel(C.caching_allocate_from_segment_op)
+_RELEASE_SEGMENT = Kernel(C.caching_release_segment_op)
 
 
 class CachingAllocator(TableStore, CachingBase):
@@ -138,17 +141,17 @@ class CachingAllocator(TableStore, CachingBase):
 
     def _add_segment(self, ptr: int, size: int, pool: int) -> int:
         while True:
-            r = C.caching_add_segment_op(self._state, ptr, size, pool)
+            r = _ADD_SEGMENT.call(self._state, ptr, size, pool)
             if r != L.NEED_ROWS:
                 return int(r)
             self._grow_tables()
 
     def _take_from_segment(self, segment: int, n: int) -> int:
-        return int(self._until_room(C.caching_allocate_from_segment_op, segment, n))
+        return int(self._until_room(_FROM_SEGMENT.call, segment, n))
 
     def _release_segment(self, segment: int) -> tuple[int, int]:
         base = int(self._regions[segment]["base"])
-        size = int(C.caching_release_segment_op(self._state, segment))
+        size = int(_RELEASE_SEGMENT.call(self._state, segment))
         return base, size
 
     def _free_block(self, ptr: int) -> int | None:
@@ -181,7 +184,7 @@ class CachingAllocator(TableStore, CachingBase):
         self._state[L.S_LARGEST_ALLOC_SIZE] = value
 
     def _largest_free(self) -> int:
-        return int(largest_free_chunk_op(self._state))
+        return int(LARGEST_FREE_CHUNK.call(self._state))
 
     def _segment_list(self) -> list[tuple[int, int, int]]:
         live = self._live_regions()

@@ -10,7 +10,6 @@ from ..kernels.operations import (
     free_tail_start_op,
     join_regions_op,
     punch_region_op,
-    remove_region_op,
     trim_region_op,
 )
 from ..policies.batch import run_batch_compact
@@ -27,12 +26,18 @@ from ..policies.compact import (
 from ._bfc_base import round_bytes
 from ._compact_base import CompactGrowth
 from ._fastcall import Kernel
+from ._tables import REMOVE_REGION
 from ._validate import MAX_INT64
 from .bfc import BFCAllocator
 
 __all__ = ["CompactAllocator"]
 
 _TOP_REGION_TAIL = Kernel(top_region_tail_op)
+_FREE_TAIL_START = Kernel(free_tail_start_op)
+_FREE_HEAD_END = Kernel(free_head_end_op)
+_PUNCH_REGION = Kernel(punch_region_op)
+_JOIN_REGIONS = Kernel(join_regions_op)
+_TRIM_REGION = Kernel(trim_region_op)
 
 
 class CompactAllocator(CompactGrowth, BFCAllocator):
@@ -124,7 +129,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         return int(live[0])
 
     def _tail_start(self, base: int, end: int) -> int:
-        return int(free_tail_start_op(self._state, self._row(base)))
+        return int(_FREE_TAIL_START.call(self._state, self._row(base)))
 
     def _top_tail(self, space: int) -> tuple[int, int]:
         end, tail = _TOP_REGION_TAIL.call(self._state, space)
@@ -134,7 +139,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         return int(self._regions[self._row(base)]["bin"])
 
     def _head_end(self, base: int) -> int:
-        return int(free_head_end_op(self._state, self._row(base)))
+        return int(_FREE_HEAD_END.call(self._state, self._row(base)))
 
     def _space_regions(self, space: int) -> list[tuple[int, int]]:
         regions = self._regions[(self._regions["size"] > 0) & (self._regions["bin"] == space)]
@@ -143,7 +148,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
 
     def _punch_region(self, base: int, lo: int, hi: int, left_last_piece: int) -> None:
         r = self._row(base)
-        while punch_region_op(self._state, r, lo, hi, left_last_piece) == L.NEED_ROWS:
+        while _PUNCH_REGION.call(self._state, r, lo, hi, left_last_piece) == L.NEED_ROWS:
             self._grow_tables()
 
     def _join_at(self, seam: int, space: int) -> bool:
@@ -152,7 +157,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         below = np.flatnonzero(live & (self._regions["base"] + self._regions["size"] == seam))
         if not (above.size and below.size):
             return False
-        join_regions_op(self._state, int(below[0]), int(above[0]))
+        _JOIN_REGIONS.call(self._state, int(below[0]), int(above[0]))
         return True
 
     def _mark_release_due(self, ptr: int) -> None:
@@ -164,9 +169,9 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     def _cut_region(self, base: int, new_end: int, last_piece: int) -> None:
         r = self._row(base)
         if new_end == base:
-            remove_region_op(self._state, r)
+            REMOVE_REGION.call(self._state, r)
         else:
-            trim_region_op(self._state, r, new_end, last_piece)
+            _TRIM_REGION.call(self._state, r, new_end, last_piece)
 
     def _release_pending(self) -> bool:
         return bool(self._state[S_RELEASE_DUE])
