@@ -22,7 +22,13 @@ from ..stats import AllocatorStats
 from . import _report
 from ._options import resolve_bfc_options
 from ._pooled import PooledAllocator
-from ._validate import check_alignment, check_count, check_free_pointer, check_size
+from ._validate import (
+    MAX_INT64,
+    check_alignment,
+    check_count,
+    check_free_pointer,
+    check_size,
+)
 
 _log = logging.getLogger("numba_bfc")
 
@@ -279,7 +285,7 @@ class BFCBase(PooledAllocator):
             self._curr_region_bytes *= 2
             increased = True
         nbytes = min(self._curr_region_bytes, available)
-        got = self._backend.alloc(nbytes, alignment)
+        got = self._region_from_backend(nbytes, alignment)
         while got is None:
             backpedal = round_bytes(int(np.float32(nbytes) * _BACKPEDAL))
             # Rounding up can give back the same size: force progress so a
@@ -290,13 +296,23 @@ class BFCBase(PooledAllocator):
             if nbytes < rounded:
                 self._backend_refused = True
                 return False
-            got = self._backend.alloc(nbytes, alignment)
+            got = self._region_from_backend(nbytes, alignment)
         if not increased:
             self._curr_region_bytes *= 2
         ptr, received = got
         self._check_region(ptr, received, nbytes)
         self._add_region(ptr, received)
         return True
+
+    def _region_from_backend(self, nbytes: int, alignment: int) -> tuple[int, int] | None:
+        """``backend.alloc``, except that a region reaching past the int64
+        address space the tables hold is given back and counts as a refusal
+        (a huge alignment can push a simulated address space there)."""
+        got = self._backend.alloc(nbytes, alignment)
+        if got is not None and got[0] + got[1] > MAX_INT64:
+            self._backend.free(*got)
+            return None
+        return got
 
     def _check_region(self, ptr: int, received: int, nbytes: int) -> None:
         """Give back and refuse a region that breaks the backend contract."""

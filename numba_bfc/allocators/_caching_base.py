@@ -43,7 +43,7 @@ from ..stats import AllocatorStats, format_bytes
 from . import _report
 from ._options import UNLIMITED, resolve_caching_options
 from ._pooled import PooledAllocator
-from ._validate import check_alignment, check_free_pointer, check_size
+from ._validate import MAX_INT64, check_alignment, check_free_pointer, check_size
 
 ONE_EIB = 1 << 60  # PyTorch rejects requests of 1 EiB or more up front
 POOL_NAMES = ("small", "large")
@@ -145,9 +145,7 @@ class CachingBase(PooledAllocator):
         if n == 0:
             return 0
         if n >= ONE_EIB:
-            raise OutOfMemoryError(
-                f"{self._name}: out of memory. Tried to allocate more than 1EB memory.",
-                allocator_name=self._name, num_bytes=n, reason="limit")
+            raise self._beyond_one_eib(n)
         with self._lock:
             return self._malloc(n)
 
@@ -389,10 +387,15 @@ class CachingBase(PooledAllocator):
         reserved = int(self._stat_array()[3, 0, 0])
         if self.memory_limit is not None and reserved + alloc_size > self.memory_limit:
             return None
+        if reserved + alloc_size > MAX_INT64:
+            return None  # the int64 statistics cannot count it: as if the device were full
         got = self._backend.alloc(alloc_size, MIN_BLOCK_SIZE)
         if got is None:
             return None
         ptr, received = got
+        if ptr + received > MAX_INT64:
+            self._backend.free(ptr, received)  # past the address space the tables hold
+            return None
         if ptr <= 0 or ptr % MIN_BLOCK_SIZE or received % MIN_BLOCK_SIZE or received < alloc_size:
             self._backend.free(ptr, received)
             raise RuntimeError(
@@ -507,6 +510,12 @@ class CachingBase(PooledAllocator):
     def _trace(self, action: str, addr: int, size: int) -> None:
         self._history.append({"action": action, "addr": int(addr), "size": int(size),
                               "stream": 0, "time_us": time.time_ns() // 1000, "frames": []})
+
+    def _beyond_one_eib(self, n: int) -> OutOfMemoryError:
+        """PyTorch's up-front refusal of a request of 1 EiB or more."""
+        return OutOfMemoryError(
+            f"{self._name}: out of memory. Tried to allocate more than 1EB memory.",
+            allocator_name=self._name, num_bytes=n, reason="limit")
 
     def _report_fingerprint(self):
         """Something that changes whenever the blocks do, cheap to take (None:

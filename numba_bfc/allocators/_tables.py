@@ -29,14 +29,31 @@ from ..kernels.operations import (
     map_rehash_op,
     remove_region_op,
 )
-from ..policies.batch import FAILED, RELEASE_DUE, sample_usage
+from ..policies.batch import FAILED, RELEASE_DUE, TOO_LARGE, sample_usage
 from . import _report
 from ._fastcall import Kernel
-from ._validate import check_alignment
+from ._validate import MAX_INT64, check_alignment
 
 ALLOCATE = 0
 FREE = 1
 _NO_SERIES = np.zeros((0, 2), dtype=np.int64)
+
+
+def _integer_array(values, name: str) -> np.ndarray:
+    """``values`` as a contiguous int64 array, refusing (before any conversion
+    could change a value) anything but integers that int64 holds."""
+    array = np.asarray(values)
+    if array.size == 0:
+        return np.zeros(array.shape, dtype=np.int64)
+    if array.dtype == np.bool_ or array.dtype.kind not in "iu":
+        if not (array.dtype == object and all(type(v) is int for v in array.flat)):
+            raise TypeError(f"{name} must be integers, got {array.dtype} values")
+        if min(array.flat) < -MAX_INT64 - 1 or max(array.flat) > MAX_INT64:
+            raise ValueError(f"{name} must fit in int64")
+    elif array.dtype.kind == "u" and int(array.max()) > MAX_INT64:
+        raise ValueError(f"{name} must fit in int64, got {int(array.max())}")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
 _SAMPLE_USAGE = Kernel(sample_usage)
 _MAP_LOOKUP = Kernel(map_lookup_op)
 # Chunk-level operations every table-backed allocator calls.
@@ -126,7 +143,7 @@ class TableStore:
         self._note_table_addresses()
 
     def _drive_single(self, ops, ids, sizes, alignment, id_ptr, out, start, stop, series,
-                      stride, on_oom) -> None:
+                      stride, on_oom, labels=None) -> None:
         """``_drive_batch`` one public call per operation (same results, slower)."""
         for i in range(start, stop):
             if ops[i] == ALLOCATE:
@@ -138,7 +155,7 @@ class TableStore:
                 p = int(id_ptr[ids[i]])
                 out[i] = 0
                 if p < 0 and p != FAILED:
-                    raise self._not_live(i, ids)
+                    raise self._not_live(i, ids if labels is None else labels)
                 if p > 0:
                     self.deallocate_raw(p)
                 id_ptr[ids[i]] = -1
@@ -166,6 +183,10 @@ class TableStore:
         """Grow the pool so that the kernel can serve ``n`` bytes when it
         retries; False leaves the request to ``_serve_not_found``."""
         return False
+
+    def _refuse_too_large(self, n: int, alignment: int) -> int:
+        """An allocation above ``_largest_request()``: refused, as a single call refuses it."""
+        raise self._request_too_large(n, alignment)
 
     def _serve_release_due(self) -> None:
         """Give a free region tail back (policies whose kernels ask for it)."""
@@ -250,12 +271,20 @@ class TableStore:
         Raises
         ------
         OutOfMemoryError
-            At the first allocation that cannot be served; operations before it
-            have been applied and allocations made so far stay live.
+            At the first allocation that cannot be served (one above the limit
+            included, with ``reason`` ``"limit"``, as ``allocate_raw`` raises it);
+            operations before it have been applied and allocations made so far
+            stay live.
+        TypeError
+            An array holds anything but integers (floats, bools, strings), before
+            anything changes.
+        ValueError
+            Values outside int64, ops other than 0 and 1, negative ids or sizes,
+            arrays of different lengths; nothing changes. Ids are labels only: any
+            int64 value pairs a free with its allocation, at no extra cost.
         """
-        ops = np.ascontiguousarray(ops, dtype=np.int8)
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+        ops, ids, sizes = (_integer_array(x, name) for x, name in
+                           ((ops, "ops"), (ids, "ids"), (sizes, "sizes")))
         alignment = self._batch_alignment(check_alignment(alignment))
         if not (ops.shape == ids.shape == sizes.shape) or ops.ndim != 1:
             raise ValueError("ops, ids and sizes must be 1-D arrays of the same length")
@@ -265,34 +294,35 @@ class TableStore:
             raise ValueError("ids must be >= 0")
         if sizes.size and sizes.min() < 0:
             raise ValueError("sizes must be >= 0")
-        limit = self._largest_request()
-        if sizes.size and int(sizes.max()) > limit:
-            i = int(np.argmax(sizes > limit))
-            with self._lock:
-                raise self._request_too_large(int(sizes[i]), alignment)
-        id_ptr = np.full(int(ids.max()) + 1 if ids.size else 1, -1, dtype=np.int64)
+        # Ids only pair frees with allocations: number them 0..k-1, so that a
+        # large id costs no table of that size.
+        _, dense = np.unique(ids, return_inverse=True)
+        id_ptr = np.full(max(int(dense.max()) + 1 if dense.size else 1, 1), -1, dtype=np.int64)
         out = np.zeros(ops.shape[0], dtype=np.int64)
         with self._lock:
-            self._drive_batch(ops, ids, sizes, alignment, id_ptr, out, 0, ops.shape[0])
+            self._drive_batch(ops.astype(np.int8), dense.astype(np.int64), sizes, alignment,
+                              id_ptr, out, 0, ops.shape[0], labels=ids)
         return out
 
     def _drive_batch(self, ops, ids, sizes, alignment, id_ptr, out, start, stop,
-                     series=_NO_SERIES, stride=0, on_oom=None) -> None:
+                     series=_NO_SERIES, stride=0, on_oom=None, labels=None) -> None:
         """Run operations ``start..stop-1`` in the batch kernel, serving what it
         cannot alone (growing tables, extending the pool). An allocation that
         fails raises ``OutOfMemoryError``, or with ``on_oom`` is reported to
         ``on_oom(index, error)`` and skipped (its id marked ``FAILED``).
+        ``labels``: the ids to name in errors, if ``ids`` renumbers them.
         The caller holds the lock."""
         if getattr(self, "_timestamps_used", False):
             # Timed frees and their merging happen per call; keep single-call semantics.
             return self._drive_single(ops, ids, sizes, alignment, id_ptr, out, start, stop,
-                                      series, stride, on_oom)
+                                      series, stride, on_oom, labels)
         i = start
         in_use = self._IN_USE_SLOT
+        max_request = self._largest_request()
         grown_at = -1
         while True:
-            i, code = self._RUN_BATCH.call(self._state, ops, ids, sizes, alignment, id_ptr, out,
-                                           i, stop, series, stride, in_use)
+            i, code = self._RUN_BATCH.call(self._state, ops, ids, sizes, alignment, max_request,
+                                           id_ptr, out, i, stop, series, stride, in_use)
             if code == 0:
                 return
             if code == L.NEED_ROWS:
@@ -303,12 +333,16 @@ class TableStore:
                 if stride > 0:
                     _SAMPLE_USAGE.call(series, stride, i - 1, self._state, in_use)
                 continue
-            if code != L.NOT_FOUND:
-                raise self._not_live(i, ids)
-            if i != grown_at and self._grow_for(int(sizes[i]), alignment):
-                grown_at = i  # the kernel retries; a second miss takes the slow path
-                continue
-            p = self._served(self._serve_not_found, i, sizes, alignment, on_oom)
+            if code == TOO_LARGE:
+                serve = self._refuse_too_large
+            elif code == L.NOT_FOUND:
+                if i != grown_at and self._grow_for(int(sizes[i]), alignment):
+                    grown_at = i  # the kernel retries; a second miss takes the slow path
+                    continue
+                serve = self._serve_not_found
+            else:
+                raise self._not_live(i, ids if labels is None else labels)
+            p = self._served(serve, i, sizes, alignment, on_oom)
             id_ptr[ids[i]] = p
             out[i] = max(p, 0)
             if stride > 0:

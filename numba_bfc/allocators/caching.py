@@ -126,7 +126,7 @@ class CachingAllocator(TableStore, CachingBase):
         return ONE_EIB - 1
 
     def _request_too_large(self, n: int, alignment: int):
-        return self._out_of_memory(n, n)
+        return self._beyond_one_eib(n)
 
     def _serve_not_found(self, n: int, alignment: int) -> int:
         return self._malloc_slow(n)

@@ -16,6 +16,10 @@ from .compact import S_RELEASE_DUE, compact_allocate, compact_deallocate
 #: at the end of a region that the façade should give back to the backend.
 RELEASE_DUE = -4
 
+#: ``run_batch`` code: the allocation at the returned index asks for more than
+#: ``max_request`` bytes; the façade refuses it as its single calls do.
+TOO_LARGE = -6
+
 #: ``id_ptr`` value of an allocation the façade could not serve (a replay goes
 #: on past it); its free is skipped.
 FAILED = -2
@@ -34,8 +38,8 @@ def sample_usage(series, stride, i, state, in_use_slot):
 
 
 @inner
-def run_batch(allocate, deallocate, releases, state, ops, ids, sizes, alignment, id_ptr, out,
-              start, stop, series, stride, in_use_slot):
+def run_batch(allocate, deallocate, releases, state, ops, ids, sizes, alignment, max_request,
+              id_ptr, out, start, stop, series, stride, in_use_slot):
     """Run operations ``start..stop-1`` of a batch with one policy's
     ``allocate(chunks, bins, regions, pmap, state, nbytes, alignment)`` and
     ``deallocate(chunks, bins, regions, pmap, state, ptr)`` kernels.
@@ -49,7 +53,8 @@ def run_batch(allocate, deallocate, releases, state, ops, ids, sizes, alignment,
     zero-byte allocation) and ``out[i]`` receives the address each allocation
     got. Stops at the first operation the kernel cannot finish alone and
     returns ``(index, code)``: ``NEED_ROWS`` or ``NOT_FOUND`` (the façade grows
-    or extends and resumes at ``index``), ``INVALID_POINTER``, or (when
+    or extends and resumes at ``index``), ``INVALID_POINTER``, ``TOO_LARGE``
+    (above ``max_request`` bytes: no kernel arithmetic sees it), or (when
     ``releases``) ``RELEASE_DUE`` (operation ``index - 1``, a free or an
     allocation after a hole fill, was done but not sampled; the façade gives
     the free tail back, samples, and resumes at ``index``). Returns
@@ -66,6 +71,8 @@ def run_batch(allocate, deallocate, releases, state, ops, ids, sizes, alignment,
         if ops[i] == 0:
             p = 0
             if sizes[i] != 0:
+                if sizes[i] > max_request:
+                    return i, TOO_LARGE
                 p = allocate(chunks, bins, regions, pmap, state, sizes[i], alignment)
                 if p < 0:
                     return i, p
@@ -109,24 +116,27 @@ _RELEASES = np.bool_(True)
 
 
 @operation
-def run_batch_bfc(state, ops, ids, sizes, alignment, id_ptr, out, start, stop, series, stride,
-                  in_use_slot):
+def run_batch_bfc(state, ops, ids, sizes, alignment, max_request, id_ptr, out, start, stop,
+                  series, stride, in_use_slot):
     """``run_batch`` with the BFC policy."""
     return run_batch(_bfc_allocate, bfc_deallocate, _NO_RELEASES, state, ops, ids, sizes,
-                     alignment, id_ptr, out, start, stop, series, stride, in_use_slot)
+                     alignment, max_request, id_ptr, out, start, stop, series, stride,
+                     in_use_slot)
 
 
 @operation
-def run_batch_caching(state, ops, ids, sizes, alignment, id_ptr, out, start, stop, series,
-                      stride, in_use_slot):
+def run_batch_caching(state, ops, ids, sizes, alignment, max_request, id_ptr, out, start, stop,
+                      series, stride, in_use_slot):
     """``run_batch`` with the caching policy."""
     return run_batch(_caching_allocate, caching_deallocate, _NO_RELEASES, state, ops, ids,
-                     sizes, alignment, id_ptr, out, start, stop, series, stride, in_use_slot)
+                     sizes, alignment, max_request, id_ptr, out, start, stop, series, stride,
+                     in_use_slot)
 
 
 @operation
-def run_batch_compact(state, ops, ids, sizes, alignment, id_ptr, out, start, stop, series,
-                      stride, in_use_slot):
+def run_batch_compact(state, ops, ids, sizes, alignment, max_request, id_ptr, out, start, stop,
+                      series, stride, in_use_slot):
     """``run_batch`` with the compact policy (whose frees may make a release due)."""
     return run_batch(_compact_allocate, compact_deallocate, _RELEASES, state, ops, ids, sizes,
-                     alignment, id_ptr, out, start, stop, series, stride, in_use_slot)
+                     alignment, max_request, id_ptr, out, start, stop, series, stride,
+                     in_use_slot)

@@ -1,0 +1,160 @@
+"""Sizes, alignments and batch arrays at the int64 boundaries (issue 21, defects 1, 3, 4, 9, 10).
+
+The batch path (``run_batch``, ``replay``) must refuse what single calls
+refuse, in the same place and with the same reason; no request, alignment or
+backend address may wrap the tables' int64 arithmetic or leak backend memory.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from numba_bfc import (
+    BFCAllocator,
+    CachingAllocator,
+    CompactAllocator,
+    OutOfMemoryError,
+)
+from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.invariants import check_invariants
+from numba_bfc.reference import ReferenceBFCAllocator
+from numba_bfc.traces import Trace, make_allocator, replay
+
+MiB = 1 << 20
+MAX_INT64 = (1 << 63) - 1
+LIMIT = 1 << 30
+POLICIES = ["bfc", "caching", "compact"]
+# Every size a kernel's arithmetic could wrap on, and the limits around them.
+BOUNDARY_SIZES = [LIMIT - 1, LIMIT, LIMIT + 1, (1 << 60) - 1, 1 << 60, (1 << 62) - 1, 1 << 62,
+                  MAX_INT64 - 511, MAX_INT64]
+
+
+def _replay_both(trace, policy, limit):
+    """Replay ``trace`` with the batch kernel and with one call per event."""
+    results = []
+    for engine in ("kernel", "python"):
+        a = make_allocator(policy, limit)
+        r = replay(trace, a, engine=engine)
+        check_invariants(a)
+        assert r.peak_in_use_bytes >= 0 and a.get_stats().bytes_in_use >= 0
+        results.append((r.ooms, r.first_oom.reason if r.first_oom else None,
+                        r.addresses.tolist(), a.get_stats().to_dict()))
+    return results
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("huge", BOUNDARY_SIZES[2:])
+def test_replay_refuses_a_huge_request_as_single_calls_do(policy, huge):
+    trace = Trace.from_arrays([0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2], [1000, huge, 5000, 0, 0, 0])
+    kernel, python = _replay_both(trace, policy, LIMIT)
+    assert kernel == python
+    assert kernel[0] == 1 and kernel[1] == "limit"
+
+
+@settings(max_examples=40, deadline=None)
+@given(policy=st.sampled_from(POLICIES),
+       sizes=st.lists(st.one_of(st.integers(1, 4 * MiB), st.sampled_from(BOUNDARY_SIZES)),
+                      min_size=1, max_size=24),
+       unlimited=st.booleans())
+def test_boundary_sizes_in_a_replay_match_one_call_per_event(policy, sizes, unlimited):
+    n = len(sizes)
+    trace = Trace.from_arrays([0] * n + [1] * n, list(range(n)) * 2, sizes + [0] * n)
+    limit = None if unlimited and policy == "caching" else LIMIT
+    kernel, python = _replay_both(trace, policy, limit)
+    assert kernel == python
+
+
+def _allocator(policy):
+    if policy == "bfc":
+        return BFCAllocator(VirtualSubAllocator(), memory_limit=LIMIT)
+    if policy == "caching":
+        return CachingAllocator(VirtualSubAllocator(), memory_limit=LIMIT)
+    return CompactAllocator(VirtualSubAllocator(contiguous=True), memory_limit=LIMIT,
+                            page_size=64 << 10)
+
+
+BAD_BATCHES = [
+    (([256], [0], [10]), ValueError),  # would narrow to int8 0: an allocation
+    (([0], [0], [10.5]), TypeError),  # would truncate to 10
+    (([0], [0.0], [10]), TypeError),
+    (([True], [0], [10]), TypeError),
+    (([0], [0], [1 << 64]), ValueError),  # above int64
+    (([0], [0], [np.uint64(1 << 63)]), ValueError),
+    (([0], [-1], [10]), ValueError),
+    (([0], [0], [-10]), ValueError),
+    (([0, 1], [0], [10, 0]), ValueError),  # lengths differ
+    (([0], [0], ["10"]), TypeError),
+]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("batch,error", BAD_BATCHES)
+def test_run_batch_validates_before_it_converts(policy, batch, error):
+    a = _allocator(policy)
+    a.allocate_raw(1000)
+    before = a.memory_map() if hasattr(a, "memory_map") else a.snapshot()
+    with pytest.raises(error):
+        a.run_batch(*batch)
+    after = a.memory_map() if hasattr(a, "memory_map") else a.snapshot()
+    assert after == before
+    check_invariants(a)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_run_batch_ids_are_only_labels(policy):
+    """An id of 2**62 costs no table of that size, and pairs as any id does."""
+    a, b = _allocator(policy), _allocator(policy)
+    big = a.run_batch([0, 0, 1, 0], [1 << 62, 7, 1 << 62, 1 << 62], [1000, 2000, 0, 3000])
+    small = b.run_batch([0, 0, 1, 0], [0, 1, 0, 0], [1000, 2000, 0, 3000])
+    assert big.tolist() == small.tolist()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_run_batch_applies_what_comes_before_a_request_above_the_limit(policy):
+    a = _allocator(policy)
+    with pytest.raises(OutOfMemoryError) as e:
+        a.run_batch([0, 0, 0], [0, 1, 2], [1000, MAX_INT64, 2000])
+    assert e.value.reason == "limit" and e.value.num_bytes == MAX_INT64
+    assert a.get_stats().bytes_in_use > 0  # the first allocation stays, as documented
+    check_invariants(a)
+
+
+@pytest.mark.parametrize("cls", [BFCAllocator, ReferenceBFCAllocator])
+def test_an_alignment_that_pushes_a_region_past_int64_leaks_nothing(cls):
+    backend = VirtualSubAllocator()
+    a = cls(backend, memory_limit=LIMIT)
+    assert a.allocate_raw(1000, 1 << 62) == 1 << 62
+    for _ in range(2):
+        with pytest.raises(OutOfMemoryError) as e:
+            a.allocate_raw(1000, 1 << 62)
+        assert e.value.reason == "backend"
+    assert backend.bytes_held == a.get_stats().bytes_reserved
+
+
+def test_compact_with_a_huge_alignment_leaks_nothing():
+    backend = VirtualSubAllocator(contiguous=True)
+    a = CompactAllocator(backend, memory_limit=LIMIT, page_size=64 << 10)
+    for _ in range(3):
+        try:
+            a.allocate_raw(1000, 1 << 62)
+        except OutOfMemoryError:
+            pass
+    assert backend.bytes_held == a.get_stats().bytes_reserved
+    check_invariants(a)
+
+
+def test_caching_without_a_limit_stops_before_its_counters_wrap():
+    """Segments of nearly 1 EiB from an unbounded backend: the eighth would take
+    reserved bytes past int64, so it is refused as a full device would be."""
+    backend = VirtualSubAllocator()
+    a = CachingAllocator(backend)
+    served = 0
+    with pytest.raises(OutOfMemoryError):
+        for _ in range(16):
+            a.allocate_raw((1 << 60) - 1)
+            served += 1
+    stats = a.memory_stats()
+    assert served == 7
+    assert 0 < stats["reserved_bytes.all.current"] == backend.bytes_held <= MAX_INT64
+    check_invariants(a)
