@@ -158,3 +158,33 @@ def test_caching_without_a_limit_stops_before_its_counters_wrap():
     assert served == 7
     assert 0 < stats["reserved_bytes.all.current"] == backend.bytes_held <= MAX_INT64
     check_invariants(a)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_small_misuses_raise_documented_errors_and_change_nothing(policy):
+    a = _allocator(policy)
+    a.allocate_raw(1000)
+    snap = a.memory_map if hasattr(a, "memory_map") else a.snapshot
+    before = snap()
+    for width in (0, -3):
+        with pytest.raises(ValueError, match="width"):
+            a.render_occupancy(width)
+    with pytest.raises(TypeError, match="width"):
+        a.render_occupancy(10.0)
+    with pytest.raises(TypeError, match="attributes"):
+        a.allocate_raw(1000, 256, "junk")
+    if hasattr(a, "set_timing_counter"):
+        with pytest.raises(TypeError, match="counter"):
+            a.set_timing_counter(object())
+    assert snap() == before
+    assert len(a.render_occupancy(1)) == 1
+    a.deallocate_raw(a.allocate_raw(2000))  # the refused counter was not installed
+    check_invariants(a)
+
+
+@pytest.mark.parametrize("granularity", [768, 3, 1000, 4096])
+def test_virtual_backend_rounds_to_any_granularity(granularity):
+    backend = VirtualSubAllocator(granularity=granularity)
+    for n in (1, granularity - 1 or 1, granularity, granularity + 1, 10 * granularity + 7):
+        _, received = backend.alloc(n)
+        assert received % granularity == 0 and n <= received < n + granularity

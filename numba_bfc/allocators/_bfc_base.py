@@ -142,6 +142,9 @@ class BFCBase(PooledAllocator):
         """
         n = check_size(num_bytes)
         alignment = check_alignment(alignment)
+        if attributes is not None and not isinstance(attributes, AllocationAttributes):
+            raise TypeError("attributes must be an AllocationAttributes or None, got "
+                            f"{type(attributes).__name__}")
         if attributes is not None and not freed_before:
             freed_before = attributes.freed_before_count()
         freed_before = check_count(freed_before, "freed_before")
@@ -232,6 +235,10 @@ class BFCBase(PooledAllocator):
         Tagged chunks stay uncoalesced, and are not reused by an allocation with
         an earlier ``freed_before``, until ``set_safe_frontier`` passes their tag.
         """
+        if counter is not None and not (callable(getattr(counter, "next", None))
+                                        and callable(getattr(counter, "get", None))):
+            raise TypeError("counter must have next() and get() (a SharedCounter) or be None, "
+                            f"got {type(counter).__name__}")
         with self._lock:
             self._timing_counter = counter
             if counter is not None:

@@ -142,6 +142,9 @@ class CachingBase(PooledAllocator):
         """
         n = check_size(num_bytes)
         self._check_alignment(alignment)
+        if attributes is not None and not isinstance(attributes, AllocationAttributes):
+            raise TypeError("attributes must be an AllocationAttributes or None, got "
+                            f"{type(attributes).__name__}")
         if n == 0:
             return 0
         if n >= ONE_EIB:

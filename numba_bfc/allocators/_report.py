@@ -59,6 +59,10 @@ def render_occupancy(records: np.ndarray, regions: list[tuple[int, int]], width:
     ``*`` marks requested bytes of in-use chunks, ``x`` their rounding/padding
     waste, ``_`` free memory.
     """
+    if type(width) is not int:
+        raise TypeError(f"width must be an int, got {type(width).__name__}")
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
     total = sum(size for _, size in regions)
     if total == 0:
         return "<allocator contains no memory>"

@@ -95,7 +95,8 @@ class CachingAllocator(TableStore, CachingBase):
                      attributes=None) -> int:
         if (type(num_bytes) is not int or not 0 < num_bytes < ONE_EIB
                 or type(alignment) is not int or not 0 < alignment <= C.MIN_BLOCK_SIZE
-                or alignment & (alignment - 1) or self._history is not None):
+                or alignment & (alignment - 1) or self._history is not None
+                or attributes is not None):
             return super().allocate_raw(num_bytes, alignment, attributes)
         p = _ALLOCATE.call(self._state, num_bytes, False)
         if p > 0:
