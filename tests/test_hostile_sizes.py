@@ -188,3 +188,35 @@ def test_virtual_backend_rounds_to_any_granularity(granularity):
     for n in (1, granularity - 1 or 1, granularity, granularity + 1, 10 * granularity + 7):
         _, received = backend.alloc(n)
         assert received % granularity == 0 and n <= received < n + granularity
+
+
+class _Refusing:
+    """``fail_if`` for a backend: refuse the calls whose ordinal is in ``refused``."""
+
+    def __init__(self, refused):
+        self.refused, self.calls = set(refused), 0
+
+    def __call__(self, nbytes):
+        self.calls += 1
+        return self.calls in self.refused
+
+
+@settings(max_examples=30, deadline=None)
+@given(policy=st.sampled_from(POLICIES),
+       sizes=st.lists(st.integers(1, 3 * MiB), min_size=1, max_size=30),
+       refused=st.sets(st.integers(1, 12), max_size=4))
+def test_a_refusing_backend_gets_the_same_calls_from_a_batch(policy, sizes, refused):
+    """Issue 21, defect 6: after a growth the backend refused, a batch goes on
+    as one call per operation does, without asking the backend again."""
+    n = len(sizes)
+    trace = Trace.from_arrays([0] * n + [1] * n, list(range(n)) * 2, sizes + [0] * n)
+    results = []
+    for engine in ("kernel", "python"):
+        backend = VirtualSubAllocator(contiguous=policy == "compact",
+                                      fail_if=_Refusing(refused))
+        a = make_allocator(policy, 16 * MiB, backend=backend)
+        r = replay(trace, a, engine=engine)
+        check_invariants(a)
+        results.append((r.ooms, r.addresses.tolist(), backend.num_allocs,
+                        backend.num_failed_allocs, backend.fail_if.calls))
+    assert results[0] == results[1]

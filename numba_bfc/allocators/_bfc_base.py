@@ -258,14 +258,18 @@ class BFCBase(PooledAllocator):
         )
 
     # ------------------------------------------------------------------ orchestration
-    def _allocate_slow(self, n: int, alignment: int, freed_before: int) -> int:
+    def _allocate_slow(self, n: int, alignment: int, freed_before: int,
+                       extended: bool = False) -> int:
+        """Everything after a miss; ``extended``: the first growth (and the
+        retry after it) already happened, as a batch grows before it retries."""
         rounded = round_bytes(n)
         align = max(alignment, MIN_ALLOCATION)
-        self._backend_refused = False
-        if self._extend(align, rounded):
-            p = self._try_allocate(n, alignment, freed_before)
-            if p:
-                return p
+        if not extended:
+            self._backend_refused = False
+            if self._extend(align, rounded):
+                p = self._try_allocate(n, alignment, freed_before)
+                if p:
+                    return p
         if freed_before == 0 and self._has_timestamped():
             if self._merge_timestamped(rounded, self._safe_frontier):
                 p = self._try_allocate(n, alignment, freed_before)

@@ -271,9 +271,10 @@ class CompactGrowth:
         newest = self._pieces.peekitem(self._pieces.bisect_left(end) - 1)[0]
         return 0 < self.release_threshold <= end - start and start <= newest
 
-    def _allocate_slow(self, n: int, alignment: int, freed_before: int) -> int:
+    def _allocate_slow(self, n: int, alignment: int, freed_before: int,
+                       extended: bool = False) -> int:
         try:
-            return super()._allocate_slow(n, alignment, freed_before)
+            return super()._allocate_slow(n, alignment, freed_before, extended)
         finally:
             if self._release_pending():  # set by a hole fill that joined regions
                 self._release_due()

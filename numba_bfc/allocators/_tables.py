@@ -179,10 +179,16 @@ class TableStore:
             f"{self._name}: batch operation {i} frees id {int(ids[i])}, which is not live in "
             "this batch", ptr=0, kind="unknown")
 
-    def _grow_for(self, n: int, alignment: int) -> bool:
-        """Grow the pool so that the kernel can serve ``n`` bytes when it
-        retries; False leaves the request to ``_serve_not_found``."""
-        return False
+    def _grow_for(self, n: int, alignment: int) -> bool | None:
+        """The slow path's first growth, so that the kernel can serve ``n``
+        bytes when it retries: True if it grew, False if it tried and could
+        not (then ``_serve_after_growth`` goes on), None to leave the whole
+        request to ``_serve_not_found``."""
+        return None
+
+    def _serve_after_growth(self, n: int, alignment: int) -> int:
+        """The slow path after ``_grow_for``'s growth and the kernel's retry."""
+        raise NotImplementedError
 
     def _refuse_too_large(self, n: int, alignment: int) -> int:
         """An allocation above ``_largest_request()``: refused, as a single call refuses it."""
@@ -336,10 +342,15 @@ class TableStore:
             if code == TOO_LARGE:
                 serve = self._refuse_too_large
             elif code == L.NOT_FOUND:
-                if i != grown_at and self._grow_for(int(sizes[i]), alignment):
-                    grown_at = i  # the kernel retries; a second miss takes the slow path
-                    continue
-                serve = self._serve_not_found
+                if i != grown_at:
+                    grown = self._grow_for(int(sizes[i]), alignment)
+                    if grown is not None:
+                        grown_at = i
+                        if grown:
+                            continue  # the kernel retries
+                # Past a growth step, the slow path goes on from after it: one
+                # backend call per step, as a single call makes.
+                serve = self._serve_after_growth if grown_at == i else self._serve_not_found
             else:
                 raise self._not_live(i, ids if labels is None else labels)
             p = self._served(serve, i, sizes, alignment, on_oom)

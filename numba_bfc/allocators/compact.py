@@ -23,7 +23,7 @@ from ..policies.compact import (
     compact_deallocate_op,
     top_region_tail_op,
 )
-from ._bfc_base import round_bytes
+from ._bfc_base import MIN_ALLOCATION, round_bytes
 from ._compact_base import CompactGrowth
 from ._fastcall import Kernel
 from ._tables import REMOVE_REGION
@@ -115,9 +115,16 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
 
     deallocate_raw.__doc__ = CompactGrowth.deallocate_raw.__doc__
 
-    def _grow_for(self, n: int, alignment: int) -> bool:
-        # A batch's common slow path, kept short: grow exactly, let the kernel retry.
-        return not self._timestamps_used and self._extend(alignment, round_bytes(n))
+    def _grow_for(self, n: int, alignment: int) -> bool | None:
+        # A batch's common slow path, kept short: the slow path's first growth,
+        # then the kernel retries (and a miss goes on with ``_serve_after_growth``).
+        if self._timestamps_used:
+            return None
+        self._backend_refused = False
+        return self._extend(max(alignment, MIN_ALLOCATION), round_bytes(n))
+
+    def _serve_after_growth(self, n: int, alignment: int) -> int:
+        return self._allocate_slow(n, alignment, 0, extended=True)
 
     def _configure_compact(self) -> None:
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
