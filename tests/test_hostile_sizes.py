@@ -220,3 +220,46 @@ def test_a_refusing_backend_gets_the_same_calls_from_a_batch(policy, sizes, refu
         results.append((r.ooms, r.addresses.tolist(), backend.num_allocs,
                         backend.num_failed_allocs, backend.fail_if.calls))
     assert results[0] == results[1]
+
+
+def _planning_entry_points():
+    from numba_bfc.planning import STRATEGIES, assign_objects, assign_offsets, lower_bound
+
+    calls = [lambda r, s=s: assign_offsets(r, s) for s in (*STRATEGIES, "search")]
+    calls += [lambda r, s=s: assign_objects(r, s) for s in STRATEGIES]
+    calls += [lambda r: lower_bound(r, "objects"), lambda r: lower_bound(r, "offsets")]
+    return calls
+
+
+@pytest.mark.parametrize("records", [
+    [(1 << 62, 0, 1), (1 << 62, 0, 1)],  # wrapped to -2**63 before
+    [(1 << 61, 0, 1), (1 << 61, 2, 3)],  # disjoint lifetimes, still a sum of 2**62
+    [(MAX_INT64, 0, 0)],
+    [((1 << 60), 0, 5)] * 4,
+])
+def test_planners_refuse_sizes_whose_sum_int64_cannot_hold(records):
+    """Issue 21, defect 2: every planner and bound refuses, none wraps."""
+    for plan in _planning_entry_points():
+        with pytest.raises(ValueError, match="2\\*\\*62"):
+            plan(records)
+
+
+def test_planners_accept_sums_just_below_the_bound():
+    from numba_bfc.planning import assign_offsets, validate
+
+    records = [((1 << 61), 0, 1), ((1 << 61) - 1, 0, 1)]
+    plan = assign_offsets(records, "greedy_by_size")
+    assert plan.total_size == (1 << 62) - 1
+    validate(records, plan)
+
+
+def test_plan_cli_refuses_a_wrapping_sum_with_one_error_line(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "big.csv"
+    path.write_text(f"size,first,last\n{1 << 62},0,1\n{1 << 62},0,1\n")
+    r = subprocess.run([sys.executable, "-m", "numba_bfc", "plan", str(path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error:") and "2**62" in r.stderr

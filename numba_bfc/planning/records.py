@@ -46,6 +46,11 @@ def _as_int_array(values, name: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+#: Byte sums of the records' sizes stay below this, so that no offset, arena
+#: size or bound a planner computes in int64 can wrap.
+MAX_TOTAL_BYTES = 1 << 62
+
+
 def _check(records: np.ndarray) -> np.ndarray:
     sizes = records["size"]
     neg = sizes < 0
@@ -55,6 +60,13 @@ def _check(records: np.ndarray) -> np.ndarray:
     if bad.size:
         i = int(bad[0])
         raise ValueError(f"record {i}: negative size {records[i]['size'].tolist()}")
+    n = sizes.shape[0]
+    if n and int(sizes.max()) >= MAX_TOTAL_BYTES // n:  # else the sum cannot reach it
+        columns = sizes.reshape(n, -1).T.tolist()
+        total = max(sum(column) for column in columns)  # Python ints: exact
+        if total >= MAX_TOTAL_BYTES:
+            raise ValueError(f"the records' sizes sum to {total} bytes; plans need less than "
+                             "2**62 (int64 arithmetic)")
     bad = np.flatnonzero(records["first"] < 0)
     if bad.size:
         i = int(bad[0])
