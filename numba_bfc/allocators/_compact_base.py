@@ -29,6 +29,7 @@ store-specific hooks at the end of the class.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 from sortedcontainers import SortedDict
@@ -100,14 +101,44 @@ class CompactGrowth:
         with self._lock:  # the give-back decision belongs to this free, atomically
             super().deallocate_raw(ptr)
             if self._release_pending():
-                self._release_due()
+                if self._giving_back:
+                    self._deferred_release = True
+                else:
+                    self._release_due()
 
     def empty_cache(self) -> int:
         """Give every whole free backend piece at the end of a region back
         (on a backend that remaps: every whole free page); returns the bytes
         released."""
-        with self._lock:
+        with self._lock, self._give_back():
             return self._release_all_tails() + self._punch(self._punchable())
+
+    # A free can re-enter while pages go back: a finalizer that a garbage
+    # collection inside the backend's ``free`` runs. It frees its chunk (which
+    # only grows the free runs being given back), but the give-back it may make
+    # due waits until the one in progress has finished: it would cut regions
+    # that the one in progress has planned to cut.
+    _giving_back = 0
+    _deferred_release = False
+
+    @contextlib.contextmanager
+    def _give_back(self):
+        self._giving_back += 1
+        try:
+            yield
+        finally:
+            try:
+                # Several deferred frees may each have made a tail due (the
+                # state records one): look at every region, until no free
+                # re-entered meanwhile.
+                while self._giving_back == 1 and self._deferred_release:
+                    self._deferred_release = False
+                    self._take_release_due()
+                    for base, _ in self._region_list():
+                        if self._tail_is_due(base):
+                            self._release_tail(base)
+            finally:
+                self._giving_back -= 1
 
     # ------------------------------------------------------------------ growth
     def _space_for(self, rounded: int) -> int:
@@ -375,7 +406,8 @@ class CompactGrowth:
         usable = self.memory_limit - (in_use if ranges else pool - releasable)
         if releasable == 0 or rounded > usable:
             return False
-        return self._release_all_tails() + self._punch(ranges) > 0
+        with self._give_back():
+            return self._release_all_tails() + self._punch(ranges) > 0
 
     # ------------------------------------------------------------------ store hooks
     def _configure_compact(self) -> None:

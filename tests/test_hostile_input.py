@@ -1,8 +1,10 @@
-"""Sizes, alignments and batch arrays at the int64 boundaries (issue 21, defects 1, 3, 4, 9, 10).
+"""Hostile input (issue 21): int64 boundaries, bad batch arrays, refusing and re-entrant backends.
 
 The batch path (``run_batch``, ``replay``) must refuse what single calls
-refuse, in the same place and with the same reason; no request, alignment or
-backend address may wrap the tables' int64 arithmetic or leak backend memory.
+refuse, in the same place and with the same reason; no request, alignment,
+byte sum or backend address may wrap int64 arithmetic or leak backend memory;
+a backend that refuses or re-enters must not make a batch diverge from one
+call per operation, or break a give-back in progress.
 """
 
 import numpy as np
@@ -263,3 +265,41 @@ def test_plan_cli_refuses_a_wrapping_sum_with_one_error_line(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("error:") and "2**62" in r.stderr
+
+
+class _ReentrantBackend(VirtualSubAllocator):
+    """A backend whose ``free`` runs queued callbacks, as a finalizer run by a
+    garbage collection inside it would."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.on_free = []
+
+    def _free(self, ptr, nbytes):
+        super()._free(ptr, nbytes)
+        if self.on_free:
+            self.on_free.pop(0)()
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_frees_that_reenter_a_compact_give_back_break_nothing(seed):
+    """Issue 21, defect 5: frees re-entering ``empty_cache`` (from the backend's
+    ``free``) raised IndexError or looped forever; now every due tail still
+    goes back and the tables stay consistent."""
+    import random
+
+    rng = random.Random(seed)
+    backend = _ReentrantBackend(contiguous=rng.random() < 0.5)
+    a = CompactAllocator(backend, memory_limit=64 * MiB, page_size=64 << 10,
+                         release_threshold=rng.choice([0, 64 << 10, MiB]),
+                         small_size=rng.choice([64 << 10, MiB]))
+    live = [a.allocate_raw(rng.randint(1000, 600_000)) for _ in range(rng.randint(5, 30))]
+    rng.shuffle(live)
+    k = rng.randint(0, len(live))
+    for p in live[:k]:
+        a.deallocate_raw(p)
+    rest = live[k:]
+    backend.on_free = [lambda ps=rest[i::3]: [a.deallocate_raw(p) for p in ps] for i in range(3)]
+    a.empty_cache()
+    check_invariants(a)
+    assert backend.bytes_held == a.get_stats().bytes_reserved
