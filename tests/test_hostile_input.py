@@ -48,7 +48,8 @@ def _replay_both(trace, policy, limit):
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("huge", BOUNDARY_SIZES[2:])
 def test_replay_refuses_a_huge_request_as_single_calls_do(policy, huge):
-    trace = Trace.from_arrays([0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2], [1000, huge, 5000, 0, 0, 0])
+    # Live alone (the bytes live at once must fit in int64 for a trace to exist).
+    trace = Trace.from_arrays([0, 1, 0, 1, 0, 1], [0, 0, 1, 1, 2, 2], [1000, 0, huge, 0, 5000, 0])
     kernel, python = _replay_both(trace, policy, LIMIT)
     assert kernel == python
     assert kernel[0] == 1 and kernel[1] == "limit"
@@ -60,8 +61,10 @@ def test_replay_refuses_a_huge_request_as_single_calls_do(policy, huge):
                       min_size=1, max_size=24),
        unlimited=st.booleans())
 def test_boundary_sizes_in_a_replay_match_one_call_per_event(policy, sizes, unlimited):
+    # Each size lives alone (a trace's bytes live at once must fit in int64).
     n = len(sizes)
-    trace = Trace.from_arrays([0] * n + [1] * n, list(range(n)) * 2, sizes + [0] * n)
+    trace = Trace.from_arrays([0, 1] * n, [i for i in range(n) for _ in (0, 1)],
+                              [x for size in sizes for x in (size, 0)])
     limit = None if unlimited and policy == "caching" else LIMIT
     kernel, python = _replay_both(trace, policy, limit)
     assert kernel == python
@@ -303,3 +306,21 @@ def test_frees_that_reenter_a_compact_give_back_break_nothing(seed):
     a.empty_cache()
     check_invariants(a)
     assert backend.bytes_held == a.get_stats().bytes_reserved
+
+
+def test_a_trace_whose_live_bytes_pass_int64_is_refused_by_name():
+    """Issue 21, defect 3: the live-bytes series and peak wrapped; a trace that
+    cannot be counted in int64 is now a ``TraceError`` at the event."""
+    from numba_bfc.traces import TraceError
+
+    with pytest.raises(TraceError) as e:
+        Trace.from_arrays([0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2], [1 << 62, 5, 1 << 62, 0, 0, 0])
+    assert e.value.index == 2 and e.value.problem == "live_bytes_overflow"
+    assert "int64" in str(e.value)
+
+
+def test_trace_totals_count_past_int64_without_wrapping():
+    sizes = [1 << 62] * 3
+    trace = Trace.from_arrays([0, 1] * 3, [0] * 6, [s for s in sizes for _ in (0, 1)])
+    assert trace.peak_requested_bytes == 1 << 62
+    assert trace.summary()["total_requested_bytes"] == 3 << 62  # more than int64 holds

@@ -48,6 +48,9 @@ _EXPLAIN = {
 }
 
 
+_MAX_INT64 = (1 << 63) - 1
+
+
 class TraceError(ValueError):
     """A trace event that cannot be replayed.
 
@@ -56,7 +59,8 @@ class TraceError(ValueError):
     index : int
         The event's position in the trace.
     problem : str
-        One of ``PROBLEMS``' values.
+        One of ``PROBLEMS``' values, or ``"live_bytes_overflow"`` (the bytes
+        live at once pass int64).
     """
 
     def __init__(self, message: str, *, index: int, problem: str) -> None:
@@ -238,8 +242,25 @@ class Trace:
             events["size"] = sizes
             events.flags.writeable = False
             self._events = events
+        self._check_live_bytes_fit()
         self._valid = True
         return self
+
+    def _check_live_bytes_fit(self) -> None:
+        """Refuse a trace whose requested bytes live at once pass int64: every
+        peak, series and replay counts them in int64."""
+        allocs = self.ops == K.ALLOC
+        sizes = self._events["size"]
+        count = int(np.count_nonzero(allocs))
+        if not count or int(sizes[allocs].max()) <= _MAX_INT64 // count:
+            return  # even all of them live at once fit
+        live = np.cumsum(np.where(allocs, sizes, -sizes).astype(object))  # Python ints: exact
+        over = np.flatnonzero(live > _MAX_INT64)
+        if over.size:
+            i = int(over[0])
+            raise TraceError(f"{self.name}: event {i} makes the requested bytes live at once "
+                             f"{live[i]}, more than int64 holds (2**63 - 1)",
+                             index=i, problem="live_bytes_overflow")
 
     def clean(self) -> Trace:
         """A valid trace without the bad events; ``.dropped`` counts them by problem."""
@@ -334,7 +355,7 @@ class Trace:
             "frees": int((~allocs).sum()),
             "never_freed": int(np.count_nonzero(self.partners()[allocs] < 0)),
             "peak_requested_bytes": self.peak_requested_bytes,
-            "total_requested_bytes": int(sizes.sum()),
+            "total_requested_bytes": sum(sizes.tolist()),  # Python ints: never wraps
             "largest_allocation": int(sizes.max()) if sizes.size else 0,
             "dropped": dict(self.dropped),
         }
