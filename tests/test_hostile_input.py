@@ -324,3 +324,15 @@ def test_trace_totals_count_past_int64_without_wrapping():
     trace = Trace.from_arrays([0, 1] * 3, [0] * 6, [s for s in sizes for _ in (0, 1)])
     assert trace.peak_requested_bytes == 1 << 62
     assert trace.summary()["total_requested_bytes"] == 3 << 62  # more than int64 holds
+
+
+@pytest.mark.parametrize("header", ["size,first,last", "id,lower,upper,size"])
+def test_planner_files_may_open_with_a_byte_order_mark(tmp_path, header):
+    """Issue 21, defect 12: the trace reader accepted a UTF-8 BOM, the planner's did not."""
+    from numba_bfc.planning import parse_records, read_records
+
+    row = "16,0,1" if header.startswith("size") else "0,0,2,16"
+    path = tmp_path / "records.csv"
+    path.write_text(f"\ufeff{header}\n{row}\n", encoding="utf-8")
+    assert read_records(path).tolist() == [(16, 0, 1)]
+    assert parse_records(f"\ufeff{header}\n{row}\n").tolist() == [(16, 0, 1)]

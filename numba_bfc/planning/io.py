@@ -38,7 +38,8 @@ def _parse(lines, name: str) -> np.ndarray:
     rows: list[tuple[int, ...]] = []
     linenos: list[int] = []
     for lineno, raw in enumerate(lines, start=1):
-        line = raw.strip()
+        # A byte-order mark (spreadsheets write one) opens the first line only.
+        line = (raw.lstrip("\ufeff") if lineno == 1 else raw).strip()
         if not line or line.startswith("#"):
             continue
         where = f"{name}:{lineno}"
