@@ -91,3 +91,16 @@ def test_demo_cli_runs():
     assert "random allocate/free calls" in r.stdout and "Fragmentation:" in r.stdout
     occupancy = r.stdout.splitlines()[-2]
     assert len(occupancy) == 100 and set(occupancy) <= set("*x_")
+
+
+def test_cli_version_and_a_bad_demo_size():
+    """Issue 21: no ``--version``; ``demo --ops -5`` ran."""
+    from numba_bfc import __version__
+
+    run = [sys.executable, "-m", "numba_bfc"]
+    r = subprocess.run(run + ["--version"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == f"numba-bfc {__version__}"
+    for bad in ("-5", "0", "many"):
+        r = subprocess.run(run + ["demo", "--ops", bad], capture_output=True, text=True, cwd=ROOT)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines()[-1].startswith("numba-bfc demo: error:")
