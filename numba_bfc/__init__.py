@@ -10,7 +10,7 @@ nothing: kernels are compiled (or loaded from Numba's cache) on first use.
 from .adaptors import LimitingAllocator, LoggingAllocator, RetryingAllocator, StatisticsAllocator
 from .allocators import BFCAllocator, CachingAllocator, CompactAllocator, SharedCounter
 from .allocators.host import HostAllocator
-from .errors import InvalidPointerError, OutOfMemoryError
+from .errors import InputError, InvalidPointerError, OutOfMemoryError
 from .framework import (
     AllocationAttributes,
     Allocator,
@@ -41,6 +41,7 @@ __all__ = [
     "CachingAllocator",
     "CompactAllocator",
     "HostAllocator",
+    "InputError",
     "InvalidPointerError",
     "LimitingAllocator",
     "LoggingAllocator",

@@ -5,22 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._cli import positive
+
 _SUBCOMMANDS = {
     "plan": ("numba_bfc.planning.cli", "plan tensor offsets offline (see 'plan --help')"),
     "replay": ("numba_bfc.traces.cli", "replay traces through policies (see 'replay --help')"),
 }
-
-
-def _positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (argparse turns the ValueError into
-    one ``error:`` line and exit status 2)."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-_positive_int.__name__ = "integer >= 1"  # how argparse names the type in its error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,12 +21,15 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(_SUBCOMMANDS[argv[0]][0]).main(argv[1:])
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="numba-bfc", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="numba-bfc",
+        description="GPU memory allocators on Numba: a demo, trace replay through the "
+                    "allocator policies, and offline tensor planning.")
     parser.add_argument("--version", action="version", version=f"numba-bfc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="the main demo: GPU kernels on the pool when there is a "
                                        "GPU, bundled traces through both policies, a BFC workload")
-    demo.add_argument("--ops", type=_positive_int, default=20000,
+    demo.add_argument("--ops", type=positive(int), default=20000,
                       help="operations of the random workload (>= 1)")
     demo.add_argument("--seed", type=int, default=0)
     for name, (_, help_text) in _SUBCOMMANDS.items():

@@ -1,11 +1,16 @@
-"""Exceptions raised by numba_bfc allocators."""
+"""Exceptions raised by numba_bfc: allocators, and readers of input files."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import copy
+import gzip
+import os
+import zlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["OutOfMemoryError", "InvalidPointerError"]
+__all__ = ["InputError", "InvalidPointerError", "OutOfMemoryError"]
 
 
 class OutOfMemoryError(MemoryError):
@@ -144,3 +149,99 @@ class InvalidPointerError(ValueError):
         super().__init__(message)
         self.ptr = ptr
         self.kind = kind
+
+
+class InputError(ValueError):
+    """Input that cannot be read or used: a malformed file, row or field.
+
+    Every reader raises it for what it reads (``Trace.read`` and
+    ``read_trace``, ``read_rmm_log``, the PyTorch readers, ``read_records``
+    and ``parse_records``), and the command line prints it as one ``error:``
+    line. Files that cannot be opened raise ``OSError`` as usual.
+
+    The message starts with where the problem is, ``path: line N:`` as far
+    as known, then names the field.
+
+    Attributes
+    ----------
+    path : str or None
+        The file, as given.
+    line : int or None
+        1-based line of a text file.
+    field : str or None
+        The column or key at fault.
+    reason : str
+        The message without the location.
+
+    Examples
+    --------
+    >>> from numba_bfc.planning import parse_records
+    >>> try:
+    ...     parse_records("size,first,last\\n16,0,x\\n", "plan.csv")
+    ... except InputError as e:
+    ...     print(e); print(e.path, e.line, e.field)
+    plan.csv: line 2: last 'x' is not an integer
+    plan.csv 2 last
+    """
+
+    def __init__(self, reason: str, *, path: str | None = None, line: int | None = None,
+                 field: str | None = None) -> None:
+        self.path = path
+        self.line = line
+        self.field = field
+        self.reason = reason
+        super().__init__(self._compose())
+
+    def _compose(self) -> str:
+        where = [str(self.path)] if self.path is not None else []
+        if self.line is not None:
+            where.append(f"line {self.line}")
+        return ": ".join([*where, self.reason])
+
+    def replace(self, **attributes: Any) -> InputError:
+        """A copy of this error with ``attributes`` changed and the message
+        rebuilt (e.g. ``path=``, when a reader knows the file and the parser
+        that raised did not)."""
+        error = copy.copy(self)
+        unknown = set(attributes) - set(vars(error))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no attribute {', '.join(sorted(unknown))}")
+        vars(error).update(attributes)
+        error.args = (error._compose(),)
+        return error
+
+    def located(self, path: str, line: int | None = None) -> InputError:
+        """This error at ``path`` (and ``line``, if given)."""
+        return self.replace(path=path) if line is None else self.replace(path=path, line=line)
+
+    def __reduce__(self):
+        # Subclasses take other keywords: rebuild from the message and attributes.
+        return _rebuild_error, (type(self), self.args, self.__dict__)
+
+
+@contextlib.contextmanager
+def reading_file(path: str | os.PathLike) -> Iterator[None]:
+    """Inside the block, errors of reading ``path`` become ``InputError`` at
+    ``path``: a parser's own ``InputError`` gets the file, and so do the
+    decoding errors the standard library raises for a file that is not UTF-8
+    or for corrupt or truncated gzip data. ``OSError``
+    (no such file, ...) passes as it is."""
+    where = os.fspath(path)
+    try:
+        yield
+    except InputError as e:
+        if e.path is not None:
+            raise
+        raise e.located(where) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})",
+                         path=where) from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise InputError(f"corrupt or truncated gzip data ({e})", path=where) from None
+
+
+def _rebuild_error(cls: type, args: tuple, state: dict) -> BaseException:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error

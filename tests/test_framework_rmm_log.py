@@ -111,7 +111,7 @@ def test_columns_are_found_by_name_and_blank_lines_skipped():
     (HEADER + "\n1,00:00:00.000001,free,0xZZ,8,0\n", "line 2: bad pointer"),
     (HEADER + "\n1,00:00:00.000001,free,-0x10,8,0\n", "line 2: bad pointer"),
     (HEADER + "\n1,00:00:00.000001,free,0x10,8,stream\n", "line 2: bad stream"),
-    (HEADER + "\n1,00:00:00.000001,free,0x10,-8,0\n", "line 2: Thread and Size"),
+    (HEADER + "\n1,00:00:00.000001,free,0x10,-8,0\n", "line 2: Size must be a non-negative"),
     (HEADER + "\n1,00:00:00.000001,free,0x10,8\n", "line 2: 5 fields"),
 ])
 def test_malformed_logs_name_the_line(text, match):

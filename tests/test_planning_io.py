@@ -58,13 +58,13 @@ def test_write_then_read(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("size,first,last\n16,0,1\n-4,1,2\n", r"x\.csv:3: negative size -4"),
-        ("size,first,last\n16,0,1\n\n8,3,2\n", r"x\.csv:4: last task 2 is before first task 3"),
-        ("size,first,last\n16,0\n", r"x\.csv:2: expected 3 fields"),
-        ("size,first,last\n16,zero,1\n", r"x\.csv:2: first 'zero' is not an integer"),
-        ("bytes,start,end\n16,0,1\n", r"x\.csv:1: unrecognised header"),
-        ("id,lower,upper,size\n0,4,4,16\n", r"x\.csv:2: upper 4 must be greater than lower 4"),
-        ("id,lower,upper,size\n0,1,2\n", r"x\.csv:2: expected at least 4 fields"),
+        ("size,first,last\n16,0,1\n-4,1,2\n", r"x\.csv: line 3: size -4 is negative"),
+        ("size,first,last\n16,0,1\n\n8,3,2\n", r"x\.csv: line 4: last task 2 is before first"),
+        ("size,first,last\n16,0\n", r"x\.csv: line 2: expected 3 fields"),
+        ("size,first,last\n16,zero,1\n", r"x\.csv: line 2: first 'zero' is not an integer"),
+        ("bytes,start,end\n16,0,1\n", r"x\.csv: line 1: unrecognised header"),
+        ("id,lower,upper,size\n0,4,4,16\n", r"x\.csv: line 2: upper 4 must be greater than"),
+        ("id,lower,upper,size\n0,1,2\n", r"x\.csv: line 2: expected at least 4 fields"),
         ("# only a comment\n", r"x\.csv: no header and no records"),
     ],
 )
@@ -99,8 +99,10 @@ def test_bad_strategy_and_arguments():
         assign_objects(COMPLEX, "best_fit")
     with pytest.raises(TypeError, match="strategy must be a string"):
         assign_objects(COMPLEX, 3)
-    with pytest.raises(ValueError, match="alignment must be >= 1"):
+    with pytest.raises(ValueError, match="alignment must be a power of two, got 0"):
         assign_offsets(COMPLEX, alignment=0)
+    with pytest.raises(ValueError, match="alignment must be a power of two, got 3"):
+        assign_offsets(COMPLEX, alignment=3)
     with pytest.raises(TypeError, match="alignment must be an int"):
         assign_offsets(COMPLEX, alignment=1.5)
     with pytest.raises(ValueError, match="kind must be"):
@@ -148,7 +150,8 @@ def test_cli_errors(tmp_path, capsys):
     bad = tmp_path / "bad.csv"
     bad.write_text("size,first,last\n8,0,1\n8,5,2\n")
     assert main([str(bad)]) == 2
-    assert f"{bad}:3: last task 2 is before first task 5" in capsys.readouterr().err
+    assert capsys.readouterr().err == (f"numba-bfc plan: error: {bad}: line 3: last task 2 is "
+                                       "before first task 5\n")
     assert main([str(tmp_path / "missing.csv")]) == 2
     assert "error:" in capsys.readouterr().err
     assert main([str(bad), "--strategy", "nope"]) == 2

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 
 import numpy as np
 
@@ -13,6 +15,19 @@ __all__ = ["HostSubAllocator"]
 
 def _align_up(x: int, a: int) -> int:
     return (x + a - 1) & ~(a - 1)
+
+
+def _under_map_lock(method):
+    """Run ``method`` holding the backend's map lock: ``view`` and
+    ``mapped_ranges`` may run in any thread while the allocator that owns the
+    backend maps and unmaps (under its own lock, which they do not take)."""
+
+    @functools.wraps(method)
+    def locked(self, *args):
+        with self._map_lock:
+            return method(self, *args)
+
+    return locked
 
 
 class HostSubAllocator(SubAllocator):
@@ -49,6 +64,7 @@ class HostSubAllocator(SubAllocator):
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self.capacity = capacity
         self._buffers: dict[int, tuple[np.ndarray, int]] = {}
+        self._map_lock = threading.Lock()
         self.contiguous = bool(contiguous)
         self.supports_coalescing = self.supports_remap = self.contiguous
         if self.contiguous:
@@ -61,6 +77,7 @@ class HostSubAllocator(SubAllocator):
             self._arena_end = self._arena_base + 2 * capacity
             self._pieces = _RangeMap()
 
+    @_under_map_lock
     def _alloc(self, nbytes: int, alignment: int) -> tuple[int, int] | None:
         if self.capacity is not None and self.bytes_held + nbytes > self.capacity:
             return None
@@ -80,6 +97,7 @@ class HostSubAllocator(SubAllocator):
         self._buffers[ptr] = (raw, nbytes)
         return ptr, nbytes
 
+    @_under_map_lock
     def _alloc_at(self, ptr: int, nbytes: int) -> bool:
         if ptr < self._arena_base:
             raise ValueError(f"alloc_at({ptr:#x}, {nbytes}): below the buffer")
@@ -90,6 +108,7 @@ class HostSubAllocator(SubAllocator):
         self._pieces.add(ptr, ptr + nbytes)
         return True
 
+    @_under_map_lock
     def _free(self, ptr: int, nbytes: int) -> None:
         if self.contiguous:
             self._pieces.remove(ptr, ptr + nbytes, partial=True)
@@ -99,15 +118,18 @@ class HostSubAllocator(SubAllocator):
             raise ValueError(f"free({ptr:#x}, {nbytes}): not a region of this backend")
         del self._buffers[ptr]
 
+    @_under_map_lock
     def mapped_ranges(self) -> list[tuple[int, int]]:
         """``[(start, size), ...]`` of every live range, in address order."""
         if self.contiguous:
             return [(s, e - s) for s, e in self._pieces.ranges.items()]
         return sorted((p, n) for p, (_raw, n) in self._buffers.items())
 
+    @_under_map_lock
     def view(self, ptr: int, nbytes: int) -> np.ndarray:
         """A writable ``uint8`` view of ``nbytes`` at ``ptr`` inside live memory
-        (one region, or adjacent regions of a contiguous backend)."""
+        (one region, or adjacent regions of a contiguous backend). Safe to
+        call from any thread while others allocate and free."""
         if self.contiguous:
             if not self._pieces.covers(ptr, ptr + nbytes):
                 raise ValueError(f"[{ptr:#x}, +{nbytes}) is not inside live regions")

@@ -1,4 +1,4 @@
-"""``python -m numba_bfc plan FILE``: plan a CSV of usage records."""
+"""``numba-bfc plan FILE``: plan a CSV of usage records."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from .._cli import USER_ERRORS, byte_size, parse_args, positive, report_error
 from .bounds import lower_bound
 from .io import read_records
 from .strategies import STRATEGIES, assign_objects, assign_offsets
@@ -13,7 +14,7 @@ from .strategies import STRATEGIES, assign_objects, assign_offsets
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m numba_bfc plan",
+        prog="numba-bfc plan",
         description=(
             "Plan tensor memory from a CSV of usage records ('size,first,last', closed "
             "intervals, or MiniMalloc's 'id,lower,upper,size', half-open) and compare "
@@ -24,10 +25,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", "-s", default="greedy_by_size",
                    choices=(*STRATEGIES, "search"),
                    help="a TFLite strategy, or search (offsets: greedy starts + branch and bound)")
-    p.add_argument("--time-limit", type=float, default=None,
-                   help="seconds for --strategy search (default: 3)")
-    p.add_argument("--capacity", type=int, default=None,
-                   help="--strategy search: stop at the first plan within this many bytes")
+    p.add_argument("--time-limit", type=positive(float), default=None,
+                   help="seconds for --strategy search (default: 3), not counting compilation")
+    p.add_argument("--capacity", type=byte_size(), default=None,
+                   help="--strategy search: stop at the first plan within this many bytes "
+                        "(e.g. 96, 64KiB)")
     p.add_argument(
         "--kind",
         "-k",
@@ -38,9 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--alignment",
         "-a",
-        type=int,
+        type=byte_size(power_of_two=True),
         default=1,
-        help="gap alignment in bytes for greedy_by_size offsets (default: 1)",
+        help="gap alignment in bytes for greedy_by_size offsets, a power of two (default: 1)",
     )
     p.add_argument("--json", action="store_true", help="print JSON including the assignment")
     return p
@@ -48,13 +50,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the planner CLI; return the exit status (0 ok, 2 bad input)."""
+    args = parse_args(_parser(), argv, sys.stdout, sys.stderr)
+    if isinstance(args, int):
+        return args
     try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:  # --help, or a usage error argparse already printed
-        return int(exc.code or 0)
-    try:
-        if args.alignment < 1:
-            raise ValueError(f"--alignment must be >= 1, got {args.alignment}")
         if args.kind == "objects" and args.alignment != 1:
             raise ValueError("--alignment only applies to --kind offsets")
         if args.strategy == "search" and args.kind != "offsets":
@@ -82,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
                 payload["search"] = {"optimal": st.optimal, "lower_bound": st.lower_bound,
                                      "greedy_size": st.greedy_size,
                                      "greedy_order": st.greedy_order, "nodes": st.nodes,
-                                     "calls": st.calls, "seconds": st.seconds}
-    except (OSError, ValueError, TypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+                                     "calls": st.calls, "seconds": st.seconds,
+                                     "compile_seconds": st.compile_seconds}
+    except USER_ERRORS as exc:
+        return report_error("plan", exc, sys.stderr)
     # An all-empty input has bound 0; report ratio 1.0 rather than dividing by 0.
     ratio = total / bound if bound else 1.0
     if args.json:
@@ -111,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             st = payload["search"]
             print(f"search:      {'proven optimal' if st['optimal'] else 'not proven optimal'};"
                   f" greedy start ({st['greedy_order']}) {st['greedy_size']}, {st['nodes']} nodes"
-                  f" in {st['calls']} searches, {st['seconds']:.2f} s")
+                  f" in {st['calls']} searches, {st['seconds']:.2f} s"
+                  + (f" (and {st['compile_seconds']:.2f} s compiling first)"
+                     if st["compile_seconds"] >= 0.01 else ""))
     return 0
 
 

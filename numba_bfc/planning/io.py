@@ -18,7 +18,8 @@ from typing import TextIO
 
 import numpy as np
 
-from .records import make_records, records_from_half_open
+from ..errors import InputError, reading_file
+from .records import MAX_TOTAL_BYTES, make_records, records_from_half_open
 
 __all__ = ["read_records", "parse_records", "write_records"]
 
@@ -26,23 +27,31 @@ _PLAIN = ["size", "first", "last"]
 _MINIMALLOC = ["id", "lower", "upper", "size"]
 
 
-def _int(token: str, what: str, where: str) -> int:
+_INT64_MAX = (1 << 63) - 1
+
+
+def _int(token: str, field: str, line: int) -> int:
     try:
-        return int(token.strip())
+        value = int(token)
     except ValueError:
-        raise ValueError(f"{where}: {what} {token.strip()!r} is not an integer") from None
+        raise InputError(f"{field} {token[:100]!r} is not an integer", line=line,
+                         field=field) from None
+    if value < 0:
+        raise InputError(f"{field} {value} is negative", line=line, field=field)
+    if value > _INT64_MAX:
+        raise InputError(f"{field} {value} does not fit in int64", line=line, field=field)
+    return value
 
 
-def _parse(lines, name: str) -> np.ndarray:
+def _parse(lines) -> np.ndarray:
     layout = None
     rows: list[tuple[int, ...]] = []
-    linenos: list[int] = []
+    total = 0  # of the sizes so far, checked here to name the line
     for lineno, raw in enumerate(lines, start=1):
         # A byte-order mark (spreadsheets write one) opens the first line only.
         line = (raw.lstrip("\ufeff") if lineno == 1 else raw).strip()
         if not line or line.startswith("#"):
             continue
-        where = f"{name}:{lineno}"
         cells = [c.strip() for c in line.split(",")]
         if layout is None:
             header = [c.lower() for c in cells]
@@ -55,42 +64,35 @@ def _parse(lines, name: str) -> np.ndarray:
             if len(cells) == 3 and all(c.lstrip("+-").isdigit() for c in cells):
                 layout = "plain"
             else:
-                raise ValueError(
-                    f"{where}: unrecognised header {line!r}; expected "
-                    f"'size,first,last' or 'id,lower,upper,size'"
-                )
+                raise InputError(f"unrecognised header {line[:200]!r}; expected "
+                                 "'size,first,last' or 'id,lower,upper,size'", line=lineno)
         if layout == "plain":
             if len(cells) != 3:
-                raise ValueError(f"{where}: expected 3 fields (size,first,last), got {len(cells)}")
-            size = _int(cells[0], "size", where)
-            first = _int(cells[1], "first", where)
-            last = _int(cells[2], "last", where)
-            if size < 0:
-                raise ValueError(f"{where}: negative size {size}")
-            if first < 0:
-                raise ValueError(f"{where}: negative first task {first}")
+                raise InputError(f"expected 3 fields (size,first,last), got {len(cells)}",
+                                 line=lineno)
+            size, first, last = (_int(cell, field, lineno)
+                                 for cell, field in zip(cells, _PLAIN))
             if last < first:
-                raise ValueError(f"{where}: last task {last} is before first task {first}")
+                raise InputError(f"last task {last} is before first task {first}",
+                                 line=lineno, field="last")
             rows.append((size, first, last))
         else:
             if len(cells) < 4:
-                raise ValueError(
-                    f"{where}: expected at least 4 fields (id,lower,upper,size), got {len(cells)}"
-                )
-            _int(cells[0], "id", where)
-            lower = _int(cells[1], "lower", where)
-            upper = _int(cells[2], "upper", where)
-            size = _int(cells[3], "size", where)
-            if size < 0:
-                raise ValueError(f"{where}: negative size {size}")
-            if lower < 0:
-                raise ValueError(f"{where}: negative lower {lower}")
+                raise InputError("expected at least 4 fields (id,lower,upper,size), "
+                                 f"got {len(cells)}", line=lineno)
+            # MiniMalloc's ids are names (any text): only the numbers are read.
+            lower, upper, size = (_int(cell, field, lineno)
+                                  for cell, field in zip(cells[1:], _MINIMALLOC[1:]))
             if upper <= lower:
-                raise ValueError(f"{where}: upper {upper} must be greater than lower {lower}")
+                raise InputError(f"upper {upper} must be greater than lower {lower}",
+                                 line=lineno, field="upper")
             rows.append((size, lower, upper))
-        linenos.append(lineno)
+        total += rows[-1][0]
+        if total >= MAX_TOTAL_BYTES:
+            raise InputError(f"the sizes up to here sum to {total} bytes; plans need less "
+                             "than 2**62 (int64 arithmetic)", line=lineno, field="size")
     if layout is None:
-        raise ValueError(f"{name}: no header and no records")
+        raise InputError("no header and no records")
     arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
     if layout == "plain":
         return make_records(arr[:, 0], arr[:, 1], arr[:, 2])
@@ -100,14 +102,18 @@ def _parse(lines, name: str) -> np.ndarray:
 def parse_records(text: str, name: str = "<string>") -> np.ndarray:
     """Parse CSV text (either layout) into usage records.
 
-    Raises ``ValueError`` naming ``name:line`` for the first bad line.
+    Raises ``InputError`` (a ``ValueError``) naming ``name``, the line and
+    the field of the first bad line.
 
     Examples
     --------
     >>> parse_records("id,lower,upper,size\\n0,0,2,16\\n").tolist()
     [(16, 0, 1)]
     """
-    return _parse(io.StringIO(text), name)
+    try:
+        return _parse(io.StringIO(text))
+    except InputError as e:
+        raise e.located(name) from None
 
 
 def read_records(source: str | os.PathLike | TextIO) -> np.ndarray:
@@ -121,14 +127,18 @@ def read_records(source: str | os.PathLike | TextIO) -> np.ndarray:
 
     Raises
     ------
-    ValueError
-        Unrecognised header, wrong field count, non-integer field, negative
-        size or time, empty lifetime; the message starts with ``file:line``.
+    InputError
+        Unrecognised header, wrong field count, a field that is not an
+        integer, negative or past int64, an empty lifetime, text that is not
+        UTF-8 (a ``ValueError`` naming the file, line and field).
+    OSError
+        The file cannot be opened.
     """
     if hasattr(source, "read"):
-        return _parse(source, getattr(source, "name", "<stream>"))
-    with open(source, encoding="utf-8") as fh:
-        return _parse(fh, os.fspath(source))
+        with reading_file(getattr(source, "name", "<stream>")):
+            return _parse(source)
+    with reading_file(source), open(source, encoding="utf-8") as fh:
+        return _parse(fh)
 
 
 def write_records(path: str | os.PathLike, records) -> None:

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _kernels as K
-from .records import as_records, record_dims
+from .records import MAX_TOTAL_BYTES, as_records, record_dims
 
 __all__ = [
     "STRATEGIES",
@@ -296,8 +296,9 @@ def assign_offsets(
         branch and bound (``numba_bfc.planning.search``); any other strategy
         assigns objects and lays them out with :func:`objects_to_offsets`.
     alignment : int
-        Base-address alignment of every gap start (``greedy_by_size`` only;
-        TFLite ignores it for the other strategies and so does this function).
+        Base-address alignment of every gap start, a power of two
+        (``greedy_by_size`` only; TFLite ignores it for the other strategies
+        and so does this function).
     time_limit : float
         Seconds ``search`` may take (a cold Numba cache's compile time counts).
     capacity : int, optional
@@ -316,12 +317,18 @@ def assign_offsets(
     """
     if isinstance(alignment, bool) or not isinstance(alignment, (int, np.integer)):
         raise TypeError(f"alignment must be an int, got {type(alignment).__name__}")
-    if alignment < 1:
-        raise ValueError(f"alignment must be >= 1, got {alignment}")
+    alignment = int(alignment)
+    if alignment < 1 or alignment & (alignment - 1):
+        raise ValueError(f"alignment must be a power of two, got {alignment}")
     recs = as_records(records)
     dims = record_dims(recs)
     if dims != 1:
         raise ValueError("offsets need 1-D (byte) sizes")
+    # Each gap start rounds up by less than the alignment: bound the arena so.
+    padded = int(recs["size"].sum(dtype=object)) + recs.shape[0] * (alignment - 1)
+    if padded >= MAX_TOTAL_BYTES:
+        raise ValueError(f"alignment {alignment} could take the arena past 2**62 bytes "
+                         "(int64 arithmetic)")
     if strategy == "search":
         return _search(recs, time_limit, capacity)
     name = _check_strategy(strategy, dims)
@@ -331,6 +338,6 @@ def assign_offsets(
         np.ascontiguousarray(recs["size"]),
         np.ascontiguousarray(recs["first"]),
         np.ascontiguousarray(recs["last"]),
-        int(alignment),
+        alignment,
     )
     return OffsetsAssignment(offsets, int(total))

@@ -10,6 +10,7 @@
 
 from .formats import FORMATS, guess_format, read_trace, write_trace
 from .replay import (
+    MAX_LIMIT,
     POLICIES,
     SERIES_DTYPE,
     MinLimit,
@@ -40,6 +41,7 @@ __all__ = [
     "EVENT_DTYPE",
     "FORMATS",
     "HEADER",
+    "MAX_LIMIT",
     "MinLimit",
     "OOMEvent",
     "POLICIES",

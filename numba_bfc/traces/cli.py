@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import sys
 from typing import TextIO
 
-from .._config import parse_size
+from .._cli import USER_ERRORS, byte_size, parse_args, report_error
+from ..errors import InputError
 from ..stats import format_bytes
 from .replay import POLICIES, MinLimit, ReplayResult, min_limit, replay
 from .trace import Trace, TraceError
@@ -44,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", "-p", default="bfc,caching",
                    help=f"comma-separated policies (default bfc,caching; known: "
                         f"{', '.join(POLICIES)})")
-    p.add_argument("--limit", "-l", help="memory limit, e.g. 16GiB or 512MiB (default: none)")
+    at_least_a_byte = "--limit must be at least 1 byte (leave it out for no limit)"
+    p.add_argument("--limit", "-l", type=byte_size(below_minimum=at_least_a_byte),
+                   help="memory limit, e.g. 16GiB or 512MiB (default: none)")
     p.add_argument("--min-limit", action="store_true",
                    help="bisect the smallest memory limit each policy runs each trace at with "
                         "no OOM; report it in bytes and as a multiple of peak live bytes")
@@ -116,58 +121,80 @@ def format_min_limits(results: list[MinLimit]) -> str:
     return "\n".join(lines)
 
 
+def _load(spec: str, strict: bool) -> Trace:
+    """A trace argument; errors say what to do in this command's flags."""
+    try:
+        trace = load_trace_arg(spec, clean=not strict)
+    except TraceError as e:
+        if e.hint:  # names a Python method: name the flag instead
+            raise e.replace(hint="run without --strict to drop and count such events") from None
+        raise
+    if not len(trace) and trace.dropped:
+        dropped = ", ".join(f"{k}: {v}" for k, v in sorted(trace.dropped.items()))
+        raise InputError(f"none of its events can be replayed ({dropped}); --strict stops "
+                         "at the first and names it", path=spec)
+    return trace
+
+
 def main(argv: list[str] | None = None, out: TextIO | None = None,
          err: TextIO | None = None) -> int:
     """Run the replay CLI; return the exit status (0 ok, 2 bad input)."""
     out = out or sys.stdout
     err = err or sys.stderr
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
+    args = parse_args(_parser(), argv, out, err)
+    if isinstance(args, int):
+        return args
     try:
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         unknown = [p for p in policies if p not in POLICIES]
         if unknown or not policies:
             raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'} "
                              f"(expected some of {', '.join(POLICIES)})")
-        limit = parse_size(args.limit, name="--limit") if args.limit else None
+        if args.min_limit and args.limit is not None:
+            raise ValueError("--min-limit finds the limit: give it or --limit, not both")
+        if args.plot and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot needs matplotlib: pip install 'numba_bfc[viz]'")
+        if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+            raise ValueError(f"--plot {args.plot}: no such directory")
         specs = args.traces
         if not specs:
             from .data import bundled_names
 
             specs = [f"bundled:{n}" for n in bundled_names()]
-        traces = [load_trace_arg(s, clean=not args.strict) for s in specs]
-    except (OSError, ValueError, TypeError, TraceError) as e:
-        err.write(f"numba-bfc replay: error: {e}\n")
-        return 2
-    if args.min_limit:
-        found = [min_limit(trace, policy) for trace in traces for policy in policies]
+        traces = [_load(s, args.strict) for s in specs]
+        if args.min_limit:
+            found = [min_limit(trace, policy) for trace in traces for policy in policies]
+            if args.json:
+                json.dump([m.to_dict() for m in found], out, indent=2)
+                out.write("\n")
+            else:
+                out.write(format_min_limits(found) + "\n")
+            return 0
+        results = []
+        for trace in traces:
+            if trace.dropped:
+                dropped = ", ".join(f"{k}: {v}" for k, v in sorted(trace.dropped.items()))
+                err.write(f"{trace.name}: dropped events that cannot be replayed ({dropped})\n")
+            for policy in policies:
+                show = not args.no_progress and len(trace) >= _PROGRESS_MIN_EVENTS
+                progress = _progress_bar(f"{trace.name}/{policy}", err) if show else None
+                results.append(replay(trace, policy, limit=args.limit, offline=args.offline,
+                                      progress=progress))
         if args.json:
-            json.dump([m.to_dict() for m in found], out, indent=2)
+            json.dump([r.to_dict() for r in results], out, indent=2)
             out.write("\n")
         else:
-            out.write(format_min_limits(found) + "\n")
-        return 0
-    results = []
-    for trace in traces:
-        if trace.dropped:
-            dropped = ", ".join(f"{k}: {v}" for k, v in sorted(trace.dropped.items()))
-            err.write(f"{trace.name}: dropped events that cannot be replayed ({dropped})\n")
-        for policy in policies:
-            show = not args.no_progress and len(trace) >= _PROGRESS_MIN_EVENTS
-            progress = _progress_bar(f"{trace.name}/{policy}", err) if show else None
-            results.append(replay(trace, policy, limit=limit, offline=args.offline,
-                                  progress=progress))
-    if args.json:
-        json.dump([r.to_dict() for r in results], out, indent=2)
-        out.write("\n")
-    else:
-        out.write(format_table(results) + "\n")
-    if args.plot:
-        from ..viz import plot_timeline
+            out.write(format_table(results) + "\n")
+            compiling = sum(r.compile_seconds for r in results)
+            if compiling >= 0.05:
+                out.write(f"(before timing, {compiling:.2f} s went to compiling or loading "
+                          "the kernels: not in Mevents/s)\n")
+        if args.plot:
+            from ..viz import plot_timeline
 
-        fig = plot_timeline(results)
-        fig.savefig(args.plot, dpi=120, bbox_inches="tight")
-        err.write(f"wrote {args.plot}\n")
+            fig = plot_timeline(results)
+            fig.savefig(args.plot, dpi=120, bbox_inches="tight")
+            err.write(f"wrote {args.plot}\n")
+    except USER_ERRORS as e:
+        return report_error("replay", e, err)
     return 0

@@ -16,16 +16,17 @@
 from __future__ import annotations
 
 import gzip
-import io
 import math
 import os
 
 import numpy as np
 
+from ..errors import InputError, reading_file
 from . import _kernels as K
-from .rmm_log import ACTIONS, RmmLogEvent, RmmLogWriter, events_to_array, read_rmm_log
+from .rmm_log import ACTIONS, RmmLogEvent, RmmLogWriter, events_to_array
+from .rmm_log import read_rows as read_rmm_rows
 from .torch_io import assign_ids
-from .trace import Trace
+from .trace import Trace, TraceError
 
 __all__ = ["FORMATS", "guess_format", "read_trace", "write_trace"]
 
@@ -66,43 +67,55 @@ def guess_format(path: str | os.PathLike) -> str:
 
 
 # ---------------------------------------------------------------------- csv
-def _parse_csv(text: str, name: str) -> Trace:
+_INT64 = np.iinfo(np.int64)
+
+
+def _parse_csv(text: str, name: str) -> tuple[Trace, np.ndarray]:
+    """The trace, and the line number of each event (errors name lines)."""
     lines = text.splitlines()
     start = 0
     while start < len(lines) and not lines[start].strip():
         start += 1
     if start == len(lines):
-        raise ValueError(f"{name}: empty file (expected a header naming op,id,size)")
+        raise InputError("empty file (expected a header naming op,id,size)")
     header = [c.strip().lstrip("\ufeff").lower() for c in lines[start].split(",")]
     missing = [c for c in ("op", "id", "size") if c not in header]
     if missing:
-        raise ValueError(f"{name}: line {start + 1}: the header must name op, id and size "
-                         f"(missing {', '.join(missing)}): {lines[start]!r}")
+        raise InputError(f"the header must name op, id and size (missing {', '.join(missing)})"
+                         f": {lines[start][:200]!r}", line=start + 1)
     width = len(header)
     rows = [(number, line.split(",")) for number, line in enumerate(lines[start + 1:],
                                                                     start=start + 2)
             if line.strip()]
     for number, cells in rows:
         if len(cells) != width:
-            raise ValueError(f"{name}: line {number}: {len(cells)} fields, the header has {width}")
+            raise InputError(f"{len(cells)} fields, the header has {width}", line=number)
+    numbers = np.array([r[0] for r in rows], dtype=np.int64)
     if not rows:
-        return Trace(np.empty(0, dtype=[("op", "i1"), ("id", "i8"), ("size", "i8")]), name)
-    numbers = np.array([r[0] for r in rows])
+        return Trace(np.empty(0, dtype=[("op", "i1"), ("id", "i8"), ("size", "i8")]),
+                     name), numbers
     table = np.array([r[1] for r in rows], dtype=str)
     table = np.char.strip(table)
 
-    def col(field: str, kind: str, empty):
+    def col(field: str, kind: str, empty: str) -> np.ndarray:
         cells = table[:, header.index(field)]
         cells = np.where(cells == "", empty, cells)
         try:
             return cells.astype(kind)
-        except ValueError:
-            for number, cell in zip(numbers, cells):
-                try:
-                    float(cell) if kind == "f8" else int(cell)
-                except ValueError:
-                    raise ValueError(f"{name}: line {number}: bad {field} {cell!r}") from None
-            raise
+        except (ValueError, OverflowError):
+            pass  # find the bad cell, or parse what NumPy does not (e.g. "1_000")
+        values = []
+        for number, cell in zip(numbers.tolist(), cells.tolist()):
+            try:
+                value = float(cell) if kind == "f8" else int(cell)
+            except ValueError:
+                raise InputError(f"bad {field} {cell[:100]!r}", line=number,
+                                 field=field) from None
+            if kind == "i8" and not _INT64.min <= value <= _INT64.max:
+                raise InputError(f"{field} {cell} does not fit in int64", line=number,
+                                 field=field)
+            values.append(value)
+        return np.array(values, dtype=kind)
 
     letters = table[:, header.index("op")]
     op = np.full(len(rows), -1, dtype=np.int8)
@@ -110,12 +123,13 @@ def _parse_csv(text: str, name: str) -> Trace:
         op[letters == letter] = code
     bad = np.flatnonzero(op < 0)
     if bad.size:
-        raise ValueError(f"{name}: line {numbers[bad[0]]}: op must be 'a' or 'f', "
-                         f"got {letters[bad[0]]!r}")
+        raise InputError(f"op must be 'a' or 'f', got {str(letters[bad[0]])[:100]!r}",
+                         line=int(numbers[bad[0]]), field="op")
     stream = col("stream", "i8", "0") if "stream" in header else None
     time = col("time", "f8", "nan") if "time" in header else None
-    return Trace.from_arrays(op, col("id", "i8", "x"), col("size", "i8", "0"), stream, time,
-                             name=name, validate=False)
+    trace = Trace.from_arrays(op, col("id", "i8", "x"), col("size", "i8", "0"), stream, time,
+                              name=name, validate=False)
+    return trace, numbers
 
 
 def _format_csv(trace: Trace) -> str:
@@ -139,16 +153,19 @@ def _format_csv(trace: Trace) -> str:
 
 
 # ---------------------------------------------------------------------- rmm
-def _from_rmm(path, name: str) -> Trace:
-    events = events_to_array(read_rmm_log(path))
-    kept = events[events["action"] != ACTIONS.index("allocate failure")]
+def _from_rmm(source, name: str) -> tuple[Trace, np.ndarray]:
+    """The trace without failed allocations (counted in ``dropped``), and
+    the line number of each event."""
+    rows, numbers = read_rmm_rows(source)
+    events = events_to_array(rows)
+    failed = events["action"] == ACTIONS.index("allocate failure")
+    kept = events[~failed]
     ops = np.where(kept["action"] == ACTIONS.index("allocate"), K.ALLOC, K.FREE).astype(np.int8)
     trace = Trace.from_arrays(ops, assign_ids(ops, kept["pointer"]), kept["size"],
                               kept["stream"], kept["time_us"] * 1e-6, name=name, validate=False)
-    failures = len(events) - len(kept)
-    if failures:
-        trace.dropped["allocate_failure"] = failures
-    return trace
+    if failed.any():
+        trace.dropped["allocate_failure"] = int(np.count_nonzero(failed))
+    return trace, np.asarray(numbers, dtype=np.int64)[~failed]
 
 
 def _write_rmm(trace: Trace, path) -> None:
@@ -188,28 +205,43 @@ def read_trace(path: str | os.PathLike, format: str | None = None, *, clean: boo
     **options
         Passed to the format's reader (``device=`` for torch snapshots,
         ``device_type=`` for profiler traces).
-    """
-    fmt = format or guess_format(path)
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown trace format {fmt!r} (expected one of {', '.join(FORMATS)})")
-    base = os.path.basename(os.fspath(path))
-    name = name or base.split(".")[0] or base
-    if fmt == "csv":
-        with _open_text(path) as f:
-            trace = _parse_csv(f.read(), name)
-    elif fmt == "rmm":
-        opener = gzip.open if str(path).endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8", newline="") as f:
-            trace = _from_rmm(io.StringIO(f.read()), name)
-    else:
-        from . import torch_io
 
-        reader = (torch_io.read_torch_snapshot if fmt == "torch_snapshot"
-                  else torch_io.read_profiler_trace)
-        cols = reader(path, **options)
-        trace = Trace.from_arrays(cols["op"], cols["id"], cols["size"], cols.get("stream"),
-                                  cols.get("time"), name=name, validate=False)
-    return _finish(trace, clean)
+    Raises
+    ------
+    InputError
+        The file's content cannot be read: its message names the file, the
+        line (text formats) and the field. ``TraceError``, a subclass, when an
+        event cannot be replayed (with ``clean=False``).
+    OSError
+        The file cannot be opened.
+    ValueError
+        ``format`` is not one of ``FORMATS``.
+    """
+    if format is not None and format not in FORMATS:
+        raise ValueError(f"unknown trace format {format!r} "
+                         f"(expected one of {', '.join(FORMATS)})")
+    where = os.fspath(path)
+    base = os.path.basename(where)
+    name = name or base.split(".")[0] or base
+    lines = None  # each event's line, for text formats
+    with reading_file(where):
+        fmt = format or guess_format(path)
+        if fmt in ("csv", "rmm"):
+            with _open_text(path) as f:
+                parse = _parse_csv if fmt == "csv" else _from_rmm
+                trace, lines = parse(f.read() if fmt == "csv" else f, name)
+        else:
+            from . import torch_io
+
+            reader = (torch_io.read_torch_snapshot if fmt == "torch_snapshot"
+                      else torch_io.read_profiler_trace)
+            cols = reader(path, **options)
+            trace = Trace.from_arrays(cols["op"], cols["id"], cols["size"], cols.get("stream"),
+                                      cols.get("time"), name=name, validate=False)
+    try:
+        return _finish(trace, clean)
+    except TraceError as e:
+        raise e.located(where, None if lines is None else int(lines[e.index])) from None
 
 
 def _finish(trace: Trace, clean: bool) -> Trace:

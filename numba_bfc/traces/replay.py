@@ -25,8 +25,8 @@ from ..errors import OutOfMemoryError
 from ..reference import ReferenceBFCAllocator, ReferenceCachingAllocator, ReferenceCompactAllocator
 from .trace import Trace
 
-__all__ = ["POLICIES", "SERIES_DTYPE", "MinLimit", "OOMEvent", "ReplayResult", "make_allocator",
-           "min_limit", "replay"]
+__all__ = ["MAX_LIMIT", "POLICIES", "SERIES_DTYPE", "MinLimit", "OOMEvent", "ReplayResult",
+           "make_allocator", "min_limit", "replay"]
 
 #: One row of a replay's time series: the most bytes of each kind over a
 #: bucket of events ending at ``event``.
@@ -81,13 +81,24 @@ POLICIES: dict[str, Callable[..., Any]] = {
 }
 
 
+#: The largest memory limit a policy takes (its int64 arithmetic needs the headroom).
+MAX_LIMIT = (1 << 62) - 1
+
+
 def make_allocator(policy: str, limit: int | None = None, backend=None, **options):
     """A fresh allocator of ``policy`` (a ``POLICIES`` key) on ``backend``
     (default: a simulated address space, contiguous for ``compact``), limited
-    to ``limit`` bytes."""
+    to ``limit`` bytes (1 to ``MAX_LIMIT``; None for no limit)."""
     factory = POLICIES.get(policy)
     if factory is None:
         raise ValueError(f"unknown policy {policy!r} (expected one of {', '.join(POLICIES)})")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)):
+            raise TypeError(f"limit must be an int or None, not {type(limit).__name__}")
+        if not 1 <= limit <= MAX_LIMIT:
+            raise ValueError(f"limit must be from 1 to 2**62 - 1 bytes (None for no limit), "
+                             f"got {limit}")
+        limit = int(limit)
     return factory(limit, backend, **options)
 
 
@@ -124,6 +135,7 @@ class ReplayResult:
     first_oom: OOMEvent | None = None
     offline_bytes: int | None = None
     engine: str = "kernel"
+    compile_seconds: float = 0.0
     series: np.ndarray = field(default_factory=lambda: np.zeros(0, SERIES_DTYPE), repr=False)
     addresses: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
 
@@ -173,6 +185,7 @@ class ReplayResult:
             "reserved_ratio": None if math.isnan(self.reserved_ratio) else self.reserved_ratio,
             "backend_allocs": self.backend_allocs, "backend_frees": self.backend_frees,
             "ooms": self.ooms, "seconds": self.seconds,
+            "compile_seconds": self.compile_seconds,
             "events_per_second": self.events_per_second if self.seconds > 0 else None,
             "offline_bytes": self.offline_bytes, "online_overhead": self.online_overhead,
             "first_oom": None,
@@ -186,6 +199,34 @@ class ReplayResult:
 
 class _StopReplay(Exception):
     pass
+
+
+_warmed: set[type] = set()  # allocator classes whose batch kernels this process has run
+
+
+def _warm_up(allocator, policy: str | None, limit: int | None, alignment: int,
+             options: dict) -> float:
+    """Compile (or load from Numba's cache) what a replay through ``allocator``
+    runs, before the clock starts: an allocation and its free through the
+    batch kernel of a throwaway allocator of the same policy (growth and all),
+    or, for an instance, an empty batch. Once per class and process; returns
+    the seconds it took."""
+    cls = type(allocator)
+    if cls in _warmed:
+        return 0.0
+    t0 = time.perf_counter()
+    if policy is not None and "backend" not in options and "small_backend" not in options:
+        throwaway = make_allocator(policy, limit, **options)
+        ops, events = np.array([0, 1], dtype=np.int8), 2
+    else:  # the user's backend: reserve nothing from it
+        throwaway, ops, events = allocator, np.zeros(0, dtype=np.int8), 0
+    ids, sizes = np.zeros(2, dtype=np.int64), np.ones(2, dtype=np.int64)
+    with throwaway._lock:
+        throwaway._drive_batch(ops, ids, sizes, alignment, np.full(1, -1, dtype=np.int64),
+                               np.zeros(2, dtype=np.int64), 0, events,
+                               np.zeros((2, 2), dtype=np.int64), 1, lambda i, e: None)
+    _warmed.add(cls)
+    return time.perf_counter() - t0
 
 
 def _usage(allocator) -> tuple[int, int]:
@@ -225,7 +266,7 @@ def replay(
         A policy name (``POLICIES``: a fresh allocator on a simulated address
         space) or an allocator instance (replayed from its current state).
     limit : int, optional
-        Memory limit in bytes for a policy name (None: unlimited).
+        Memory limit in bytes for a policy name, 1 to ``MAX_LIMIT`` (None: unlimited).
     alignment : int
         Alignment of every allocation.
     series_points : int
@@ -247,11 +288,15 @@ def replay(
     Returns
     -------
     ReplayResult
+        ``seconds`` times the replay alone: the first replay of a policy in a
+        process first compiles or loads its kernels on a throwaway allocator,
+        timed apart in ``compile_seconds``.
     """
     if not isinstance(trace, Trace):
         trace = Trace.read(trace)
     trace.validate()
-    if isinstance(allocator, str):
+    made = isinstance(allocator, str)
+    if made:
         policy = allocator
         allocator = make_allocator(policy, limit, **options)
     else:
@@ -293,6 +338,8 @@ def replay(
         if stop_on_oom:
             raise _StopReplay
 
+    compile_seconds = (_warm_up(allocator, policy if made else None, limit, alignment, options)
+                       if use_kernel else 0.0)
     allocs0, frees0 = _backend_counts(allocator)
     done = 0
     t0 = time.perf_counter()
@@ -342,6 +389,7 @@ def replay(
         backend_allocs=allocs1 - allocs0, backend_frees=frees1 - frees0, ooms=ooms,
         seconds=seconds, limit=limit, first_oom=first_oom[0] if first_oom else None,
         offline_bytes=offline_bytes, engine="kernel" if use_kernel else "python",
+        compile_seconds=compile_seconds,
         series=series if series_points else np.zeros(0, SERIES_DTYPE),
         addresses=addresses[:done],
     )
@@ -418,6 +466,9 @@ def min_limit(trace: Trace | str | os.PathLike, policy: str = "bfc", *,
     the limit): the result is the smallest limit the bisection saw succeed,
     with every limit it saw fail below it.
 
+    Raises ``ValueError`` when the policy fails at every limit it takes
+    (``MAX_LIMIT``).
+
     Returns
     -------
     MinLimit
@@ -443,11 +494,12 @@ def min_limit(trace: Trace | str | os.PathLike, policy: str = "bfc", *,
     if peak == 0:
         return MinLimit(trace.name, policy, 0, 0, unlimited, replays,
                         time.perf_counter() - t0)
-    hi = max(unlimited, peak)
+    hi = min(max(unlimited, peak), MAX_LIMIT)
     while fits(hi).ooms:
-        if hi > UNLIMITED:
-            raise RuntimeError(f"{policy} fails {trace.name} at every limit up to {hi} bytes")
-        hi *= 2
+        if hi >= MAX_LIMIT:
+            raise ValueError(f"{policy} runs out of memory on {trace.name} at every limit it "
+                             f"takes (up to 2**62 - 1 bytes; peak live {peak} bytes)")
+        hi = min(2 * hi, MAX_LIMIT)
     lo = peak - 1  # in-use bytes never fall below requested ones: this limit fails
     while hi - lo > tol:
         mid = (lo + hi) // 2

@@ -29,6 +29,8 @@ from typing import IO, NamedTuple
 
 import numpy as np
 
+from ..errors import InputError, reading_file
+
 __all__ = [
     "ACTIONS",
     "EVENT_DTYPE",
@@ -136,29 +138,51 @@ def write_rmm_log(target: str | os.PathLike | IO[str], events: Iterable[RmmLogEv
         writer.close()
 
 
-def _parse_hex(text: str, what: str, line: int) -> int:
+_MAX_UINT64 = (1 << 64) - 1
+_MAX_INT64 = (1 << 63) - 1
+
+
+def _parse_hex(text: str, field: str, line: int) -> int:
     if text == _NULL_POINTER:
         return 0
     if not _HEX_RE.match(text):
-        raise ValueError(f"line {line}: bad {what} {text!r} (expected hexadecimal)")
-    return int(text, 16)
+        raise InputError(f"bad {field.lower()} {text!r} (expected hexadecimal)", line=line,
+                         field=field)
+    value = int(text, 16)
+    if value > _MAX_UINT64:
+        raise InputError(f"{field.lower()} {text} does not fit in 64 bits", line=line,
+                         field=field)
+    return value
+
+
+def _parse_decimal(text: str, field: str, line: int, largest: int) -> int:
+    if not text.isdecimal():
+        raise InputError(f"{field} must be a non-negative decimal integer, got {text!r}",
+                         line=line, field=field)
+    value = int(text)
+    if value > largest:
+        raise InputError(f"{field} {text} is above {largest}", line=line, field=field)
+    return value
 
 
 def _parse_time(text: str, line: int) -> _dt.time:
     m = _TIME_RE.match(text)
     if not m:
-        raise ValueError(f"line {line}: bad time {text!r} (expected HH:MM:SS.ffffff)")
+        raise InputError(f"bad time {text!r} (expected HH:MM:SS.ffffff)", line=line,
+                         field="Time")
     hours, minutes, seconds, fraction = m.groups()
     micros = int((fraction or "0").ljust(6, "0")[:6])
     try:
         return _dt.time(int(hours), int(minutes), int(seconds), micros)
     except ValueError as e:
-        raise ValueError(f"line {line}: bad time {text!r}: {e}") from None
+        raise InputError(f"bad time {text!r}: {e}", line=line, field="Time") from None
 
 
-def _parse_rows(lines: Iterator[str]) -> list[RmmLogEvent]:
+def _parse_rows(lines: Iterator[str]) -> tuple[list[RmmLogEvent], list[int]]:
+    """The events and the line number of each."""
     header = None
     events = []
+    numbers = []
     for number, raw in enumerate(lines, start=1):
         text = raw.strip().lstrip("\ufeff")
         if not text:
@@ -167,41 +191,46 @@ def _parse_rows(lines: Iterator[str]) -> list[RmmLogEvent]:
         if header is None:
             missing = [c for c in _COLUMNS if c not in cells]
             if missing:
-                raise ValueError(f"line {number}: not an RMM log header (missing "
-                                 f"{', '.join(missing)}): {text!r}")
+                raise InputError(f"not an RMM log header (missing {', '.join(missing)}): "
+                                 f"{text[:200]!r}", line=number)
             header = {c: cells.index(c) for c in _COLUMNS}
             width = len(cells)
             continue
         if len(cells) != width:
-            raise ValueError(f"line {number}: {len(cells)} fields, the header has {width}")
+            raise InputError(f"{len(cells)} fields, the header has {width}", line=number)
         action = cells[header["Action"]]
         if action not in _ACTION_CODE:
-            raise ValueError(f"line {number}: unknown action {action!r} (expected one of "
-                             f"{', '.join(ACTIONS)})")
-        thread, size = cells[header["Thread"]], cells[header["Size"]]
-        if not (thread.isdecimal() and size.isdecimal()):
-            raise ValueError(f"line {number}: Thread and Size must be non-negative decimal "
-                             f"integers: {text!r}")
+            raise InputError(f"unknown action {action[:100]!r} (expected one of "
+                             f"{', '.join(ACTIONS)})", line=number, field="Action")
         events.append(RmmLogEvent(
-            thread=int(thread),
+            thread=_parse_decimal(cells[header["Thread"]], "Thread", number, _MAX_UINT64),
             time=_parse_time(cells[header["Time"]], number),
             action=action,
-            pointer=_parse_hex(cells[header["Pointer"]], "pointer", number),
-            size=int(size),
-            stream=_parse_hex(cells[header["Stream"]], "stream", number),
+            pointer=_parse_hex(cells[header["Pointer"]], "Pointer", number),
+            size=_parse_decimal(cells[header["Size"]], "Size", number, _MAX_INT64),
+            stream=_parse_hex(cells[header["Stream"]], "Stream", number),
         ))
+        numbers.append(number)
     if header is None:
-        raise ValueError("empty RMM log: no header line")
-    return events
+        raise InputError("empty RMM log: no header line")
+    return events, numbers
 
 
 def read_rmm_log(source: str | os.PathLike | IO[str]) -> list[RmmLogEvent]:
     """Parse an RMM log (a path or an open text file) into its events, in file order.
 
-    Raises ``ValueError`` naming the line of the first malformed row.
+    Raises
+    ------
+    InputError
+        Naming the line and field of the first malformed row (a ``ValueError``).
     """
+    return read_rows(source)[0]
+
+
+def read_rows(source: str | os.PathLike | IO[str]) -> tuple[list[RmmLogEvent], list[int]]:
+    """``read_rmm_log``'s events, and the line number of each."""
     if isinstance(source, (str, os.PathLike)):
-        with open(source, encoding="utf-8", newline="") as f:
+        with reading_file(source), open(source, encoding="utf-8", newline="") as f:
             return _parse_rows(iter(f.read().splitlines()))
     if hasattr(source, "read"):
         return _parse_rows(iter(source.read().splitlines()))

@@ -39,6 +39,7 @@ trace's cleaning step can then drop and count.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -46,10 +47,13 @@ import os
 import pickle
 import re
 import tempfile
+import zlib
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 import numpy as np
+
+from ..errors import InputError, reading_file
 
 __all__ = [
     "ALLOC",
@@ -132,7 +136,7 @@ def _make_events(op: list | np.ndarray, addr: list | np.ndarray, size: list | np
     stream = _int_array(stream, "stream")
     time = np.asarray(time_us, dtype=np.float64)
     if np.any(size < 0):
-        raise ValueError(f"negative size {int(size[np.argmax(size < 0)])} in an event")
+        raise InputError(f"negative size {int(size[np.argmax(size < 0)])} in an event")
     # A zero-byte request reserves nothing (PyTorch hands back a null pointer),
     # so it is no allocation; its free, if recorded, is zero-byte too.
     keep = size > 0
@@ -157,7 +161,7 @@ def _int_array(values: list | np.ndarray, what: str) -> np.ndarray:
     # Python ints past 64 bits come as uint64 or objects; floats, None, str as themselves.
     bad = next((v for v in arr.tolist() if not isinstance(v, int) or isinstance(v, bool)
                 or not -2**63 <= v < 2**63), arr.tolist()[0])
-    raise ValueError(f"{what} must be 64-bit integers, got {bad!r}")
+    raise InputError(f"{what} must be 64-bit integers, got {bad!r}")
 
 
 def _read_bytes(source: Source) -> bytes:
@@ -172,8 +176,8 @@ def _read_bytes(source: Source) -> bytes:
     if data[:2] == _GZIP_MAGIC:
         try:
             data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise ValueError(f"corrupt gzip data: {exc}") from exc
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InputError(f"corrupt or truncated gzip data ({exc})") from None
     return data
 
 
@@ -212,34 +216,55 @@ def read_torch_snapshot(source: Source, device: int | None = None) -> dict[str, 
 
     Raises
     ------
+    InputError
+        If the file is no snapshot or an entry lacks a field (a ``ValueError``
+        naming the file when ``source`` is a path).
     ValueError
-        If the file is no snapshot, an entry lacks a field, or ``device`` is
-        ambiguous or out of range.
+        If ``device`` is ambiguous or out of range.
     """
-    data = _read_bytes(source)
+    with _errors_at(source):
+        return _snapshot_events(_read_bytes(source), device)
+
+
+def _errors_at(source: Source) -> contextlib.AbstractContextManager:
+    """Errors of reading ``source`` name it, when it is a path."""
+    if isinstance(source, (str, os.PathLike)):
+        return reading_file(source)
+    return contextlib.nullcontext()
+
+
+def _snapshot_events(data: bytes, device: int | None) -> dict[str, np.ndarray]:
     try:
         snapshot = _PlainUnpickler(io.BytesIO(data)).load()
     except Exception as exc:  # pickle raises many types on garbage input
-        raise ValueError(f"not a snapshot pickle: {type(exc).__name__}: {exc}") from exc
+        raise InputError(f"not a snapshot pickle: {type(exc).__name__}: {exc}") from exc
     if isinstance(snapshot, list):
-        raise ValueError("this pickle is a list (torch.cuda.memory_snapshot()'s segments "
+        raise InputError("this pickle is a list (torch.cuda.memory_snapshot()'s segments "
                          "only), not a snapshot dict with 'device_traces'; record with "
                          "torch.cuda.memory._record_memory_history() and dump with "
                          "torch.cuda.memory._dump_snapshot()")
     if not isinstance(snapshot, dict):
-        raise ValueError(f"a snapshot is a dict, got {type(snapshot).__name__}")
+        raise InputError(f"a snapshot is a dict, got {type(snapshot).__name__}")
     if "device_traces" not in snapshot:
-        raise ValueError("snapshot has no 'device_traces' key (was memory history "
-                         "recording on?); keys: " + ", ".join(map(repr, snapshot)))
+        raise InputError("snapshot has no 'device_traces' key (was memory history "
+                         "recording on?); keys: " + ", ".join(map(repr, list(snapshot)[:20])))
     traces = snapshot["device_traces"]
     if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
-        raise ValueError("snapshot 'device_traces' must be a list of lists of entries")
+        raise InputError("snapshot 'device_traces' must be a list of lists of entries")
+    # A pickle can repeat one list or entry by reference for a few bytes each,
+    # so a small file can hold billions of entries; a real snapshot's entries
+    # are distinct objects, each at least a byte of the file.
+    total = sum(len(t) for t in traces)
+    if total > len(data):
+        raise InputError(f"snapshot has {total} trace entries in {len(data)} bytes: its "
+                         "lists repeat shared objects, which a snapshot never does",
+                         field="device_traces")
 
     wanted = {"alloc": ALLOC, "free_completed": FREE}
     for d, t in enumerate(traces):
         for i, e in enumerate(t):
             if not isinstance(e, dict):
-                raise ValueError(f"device {d} trace entry {i} is a "
+                raise InputError(f"device {d} trace entry {i} is a "
                                  f"{type(e).__name__}, not a dict")
     if device is None:
         with_events = [i for i, t in enumerate(traces) if any(e.get("action") in wanted
@@ -263,7 +288,7 @@ def read_torch_snapshot(source: Source, device: int | None = None) -> dict[str, 
             addr.append(e["addr"])
             size.append(e["size"])
         except KeyError as exc:
-            raise ValueError(f"device {device} trace entry {i} ({e.get('action')}) "
+            raise InputError(f"device {device} trace entry {i} ({e.get('action')}) "
                              f"has no {exc.args[0]!r}") from None
         op.append(code)
         stream.append(e.get("stream", 0))
@@ -411,18 +436,20 @@ def _json_memory_events(data: bytes) -> tuple[list, list]:
     try:
         trace = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"not a JSON trace: {exc}") from exc
+        raise InputError(f"not a JSON trace: {exc}") from None
+    except RecursionError:
+        raise InputError("not a JSON trace: nested too deeply to decode") from None
     # The Trace Event Format allows an object with "traceEvents" or a bare array.
     if isinstance(trace, dict):
         if "traceEvents" not in trace:
-            raise ValueError("JSON object has no 'traceEvents' key: not a Chrome trace")
+            raise InputError("JSON object has no 'traceEvents' key: not a Chrome trace")
         trace = trace["traceEvents"]
     if not isinstance(trace, list):
-        raise ValueError(f"'traceEvents' must be a list, got {type(trace).__name__}")
+        raise InputError(f"'traceEvents' must be a list, got {type(trace).__name__}")
     mem = [e for e in trace if isinstance(e, dict) and e.get("name") == "[memory]"]
     for i, e in enumerate(mem):
         if "ts" not in e:
-            raise ValueError(f"[memory] event {i} has no 'ts': {e!r}"[:300])
+            raise InputError(f"[memory] event {i} has no 'ts': {e!r}"[:300])
     return [e["ts"] for e in mem], [e.get("args") for e in mem]
 
 
@@ -449,16 +476,23 @@ def read_profiler_trace(source: Source, device_type: int | str | None = None,
 
     Raises
     ------
+    InputError
+        If the file is not a trace or a ``[memory]`` event lacks a field (a
+        ``ValueError`` naming the file when ``source`` is a path).
     ValueError
-        If the file is not a trace, a ``[memory]`` event lacks a field, or
-        several devices remain after filtering.
+        If several devices remain after filtering.
     """
     if isinstance(device_type, str):
         if device_type.lower() not in _DEVICE_TYPES:
             raise ValueError(f"device_type must be an int or one of {list(_DEVICE_TYPES)}, "
                              f"got {device_type!r}")
         device_type = _DEVICE_TYPES[device_type.lower()]
-    data = _read_bytes(source)
+    with _errors_at(source):
+        return _profiler_events(_read_bytes(source), device_type, device_id)
+
+
+def _profiler_events(data: bytes, device_type: int | None,
+                     device_id: int | None) -> dict[str, np.ndarray]:
     found = _kineto_memory_events(data)
     ts, args = found if found is not None else _json_memory_events(data)
     if not ts:
@@ -474,7 +508,7 @@ def read_profiler_trace(source: Source, device_type: int | str | None = None,
                        next((repr(k) for k in ("Device Type", "Device Id", "Addr", "Bytes")
                              if k not in a), None))
             if missing:
-                raise ValueError(f"[memory] event {i} has no {missing}: "
+                raise InputError(f"[memory] event {i} has no {missing}: "
                                  f"{{'ts': {ts[i]!r}, 'args': {a!r}}}"[:300]) from None
         raise
     dev_type = _int_array(dev_type, "Device Type")
@@ -482,7 +516,7 @@ def read_profiler_trace(source: Source, device_type: int | str | None = None,
     try:
         ts = np.array(ts, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError(f"[memory] event ts must be numbers, got {ts[:3]!r}...") from None
+        raise InputError(f"[memory] event ts must be numbers, got {ts[:3]!r}...") from None
     keep = np.ones(ts.size, dtype=bool)
     if device_type is not None:
         keep &= dev_type == device_type

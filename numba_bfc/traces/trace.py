@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InputError
 from ..planning.records import RECORD_DTYPE
 from . import _kernels as K
 
@@ -51,8 +52,15 @@ _EXPLAIN = {
 _MAX_INT64 = (1 << 63) - 1
 
 
-class TraceError(ValueError):
-    """A trace event that cannot be replayed.
+_CLEAN_HINT = "Trace.clean() drops and counts them"
+#: The field each problem is about.
+_PROBLEM_FIELDS = {"unknown_free": "id", "double_free": "id", "live_id_reused": "id",
+                   "bad_size": "size", "bad_op": "op", "size_mismatch": "size",
+                   "live_bytes_overflow": "size"}
+
+
+class TraceError(InputError):
+    """A trace event that cannot be replayed (an ``InputError``, so a ``ValueError``).
 
     Attributes
     ----------
@@ -61,12 +69,23 @@ class TraceError(ValueError):
     problem : str
         One of ``PROBLEMS``' values, or ``"live_bytes_overflow"`` (the bytes
         live at once pass int64).
+    path, line, field : str, int, str or None
+        As for ``InputError``: the file (or the trace's name when it was not
+        read from one), the event's line in a text file, the field at fault.
+    hint : str
+        What fixes it, appended to the message (empty when nothing does).
     """
 
-    def __init__(self, message: str, *, index: int, problem: str) -> None:
-        super().__init__(message)
+    def __init__(self, reason: str, *, index: int, problem: str, path: str | None = None,
+                 line: int | None = None, hint: str = "") -> None:
         self.index = index
         self.problem = problem
+        self.hint = hint
+        super().__init__(reason, path=path, line=line, field=_PROBLEM_FIELDS.get(problem))
+
+    def _compose(self) -> str:
+        message = super()._compose()
+        return f"{message}; {self.hint}" if self.hint else message
 
 
 def _column(values, n: int, dtype, name: str, default) -> np.ndarray:
@@ -230,10 +249,8 @@ class Trace:
                                          alloc_size=alloc_size)
             more = int(np.count_nonzero(status)) - 1
             raise TraceError(
-                f"{self.name}: event {first_bad} {what}"
-                + (f" ({more} more bad events)" if more else "")
-                + "; Trace.clean() drops and counts them",
-                index=first_bad, problem=PROBLEMS[code])
+                f"event {first_bad} {what}" + (f" ({more} more bad events)" if more else ""),
+                index=first_bad, problem=PROBLEMS[code], path=self.name, hint=_CLEAN_HINT)
         frees = np.flatnonzero(self.ops == K.FREE)
         if frees.size:
             sizes = self._events["size"].copy()
@@ -258,9 +275,9 @@ class Trace:
         over = np.flatnonzero(live > _MAX_INT64)
         if over.size:
             i = int(over[0])
-            raise TraceError(f"{self.name}: event {i} makes the requested bytes live at once "
-                             f"{live[i]}, more than int64 holds (2**63 - 1)",
-                             index=i, problem="live_bytes_overflow")
+            raise TraceError(f"event {i} makes the requested bytes live at once {live[i]}, "
+                             "more than int64 holds (2**63 - 1)",
+                             index=i, problem="live_bytes_overflow", path=self.name)
 
     def clean(self) -> Trace:
         """A valid trace without the bad events; ``.dropped`` counts them by problem."""
@@ -369,7 +386,8 @@ class Trace:
         ``format``: ``"csv"``, ``"rmm"``, ``"torch_snapshot"`` or
         ``"torch_profiler"``; None guesses from the name and first bytes.
         ``clean=True`` drops bad events (counted in ``.dropped``) instead of
-        raising ``TraceError``.
+        raising ``TraceError``. Malformed content raises ``InputError`` naming
+        the file, line and field (see ``numba_bfc.traces.read_trace``).
         """
         from .formats import read_trace
 
