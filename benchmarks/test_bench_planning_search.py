@@ -17,7 +17,8 @@ from numba_bfc.planning.instances import cut_instance, gadget_instance
 CAPACITY = 1 << 20
 FAMILIES = [(n, tc) for n in (200, 300, 450) for tc in (0.25, 0.5, 0.75)]
 SEEDS = (0, 1, 2)
-TIME_LIMIT = 10.0
+NODE_LIMIT = 10_000_000  # search budgets are nodes: the same plans on any machine
+TIME_CAP = 60.0
 GADGET_FAMILIES = [(n, 4) for n in (100, 200, 300)]
 SCALE = CAPACITY >> 6  # optimum: CAPACITY + 6 * SCALE; max-live: CAPACITY + 5 * SCALE
 
@@ -37,7 +38,7 @@ def test_search(benchmark, n, time_cuts):
     instances = [cut_instance(n, CAPACITY, time_cuts=time_cuts, seed=s)[0] for s in SEEDS]
     assign_offsets(instances[0][:20], "search")  # compile or load the kernels
     plans = benchmark.pedantic(
-        lambda: [assign_offsets(r, "search", time_limit=TIME_LIMIT) for r in instances],
+        lambda: [_search(r) for r in instances],
         rounds=1, iterations=1)
     _summarise(benchmark, plans, instances, CAPACITY)
 
@@ -50,13 +51,17 @@ def test_search_gadgets(benchmark, n, gadgets):
                  for s in SEEDS]
     assign_offsets(instances[0][:20], "search")  # compile or load the kernels
     plans = benchmark.pedantic(
-        lambda: [assign_offsets(r, "search", time_limit=TIME_LIMIT) for r in instances],
+        lambda: [_search(r) for r in instances],
         rounds=1, iterations=1)
     live = [lower_bound(r) / optimum for r in instances]
-    tight = [lower_bound(r, tight=True, time_limit=1.0) / optimum for r in instances]
+    tight = [lower_bound(r, tight=True) / optimum for r in instances]
     _summarise(benchmark, plans, instances, optimum, max_live=live, tight_bound=tight)
     for p in plans:
         assert p.search.lower_bound <= optimum  # a bound above the known optimum: unsound
+
+
+def _search(records):
+    return assign_offsets(records, "search", node_limit=NODE_LIMIT, time_limit=TIME_CAP)
 
 
 def _summarise(benchmark, plans, instances, optimum, **ratios):
@@ -67,12 +72,15 @@ def _summarise(benchmark, plans, instances, optimum, **ratios):
                   search=[p.total_size / optimum for p in plans])
     t_opt = [next((t for t, v in p.search.improvements if v == optimum), None) for p in plans]
     proven = [bool(p.search.optimal) for p in plans]
+    benchmark.extra_info["nodes"] = [p.search.nodes for p in plans]
+    benchmark.extra_info["stopped"] = [p.search.stopped for p in plans]
     benchmark.extra_info.update({k: [round(x, 3) for x in v] for k, v in ratios.items()})
     benchmark.extra_info.update(
         seconds_to_optimum=[None if t is None else round(t, 2) for t in t_opt], proven=proven)
     means = ", ".join(f"{k} {np.mean(v):.3f}" for k, v in ratios.items())
     print(f"\n{benchmark.group}: {means}, optimal {sum(p.total_size == optimum for p in plans)}/"
           f"{len(plans)} (proven {sum(proven)}), time to optimum "
-          f"{benchmark.extra_info['seconds_to_optimum']}")
+          f"{benchmark.extra_info['seconds_to_optimum']}, nodes {benchmark.extra_info['nodes']}, "
+          f"stopped {benchmark.extra_info['stopped']}")
     for p, r in zip(plans, instances):
         assert p.total_size <= assign_offsets(r, "greedy_by_size").total_size

@@ -3,6 +3,7 @@ optimum of cut instances, proofs checked by brute force, budgets and the CLI."""
 
 import itertools
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -328,3 +329,31 @@ def test_dominance_rules_cut_nodes():
     assert total[S.GAP_DOMINANCE] < total[0] / 4 and total[S.MEMO] < total[0]
     assert total[S.TIGHT_NEIGHBOURS] < total[0]
     assert total[S.ALL_RULES] < total[0] / 4
+
+
+def test_search_budgets_are_nodes_so_runs_agree_cold_and_warm(monkeypatch):
+    """Issue 21: the answer depends on the node limit only, not on the machine's
+    speed or a cold JIT cache (compilation is done before the clock starts)."""
+    from numba_bfc.planning import search as planning_search
+
+    recs = cut_instance(450, 1 << 20, time_cuts=0.75, seed=0)[0]  # not solved in the limit
+    warm = assign_offsets(recs, "search", node_limit=200_000)
+    monkeypatch.setattr(planning_search, "_compiled", threading.Event())  # as a new process
+    cold = assign_offsets(recs, "search", node_limit=200_000)
+    assert cold.search.compile_seconds > 0 and warm.search.stopped == "nodes"
+    for plan in (warm, cold):
+        validate(recs, plan)
+    assert cold.offsets.tolist() == warm.offsets.tolist()
+    assert (cold.search.nodes, cold.search.calls, cold.search.lower_bound) == (
+        warm.search.nodes, warm.search.calls, warm.search.lower_bound)
+    assert [s for _, s in cold.search.improvements] == [s for _, s in warm.search.improvements]
+    more = assign_offsets(recs, "search", node_limit=400_000)
+    assert more.search.nodes > warm.search.nodes and more.total_size <= warm.total_size
+
+
+def test_the_time_cap_is_reported_when_it_ends_a_search():
+    recs = cut_instance(450, 1 << 20, time_cuts=0.75, seed=0)[0]
+    plan = assign_offsets(recs, "search", time_limit=1e-6)
+    assert plan.search.stopped == "time" and plan.search.nodes == 0
+    with pytest.raises(ValueError, match="node_limit must be a positive int"):
+        assign_offsets(recs, "search", node_limit=0)

@@ -52,7 +52,7 @@ def calculate_positional_maximums(records) -> np.ndarray:
 
 
 def lower_bound(records, kind: str = "offsets", *, tight: bool = False,
-                time_limit: float = 1.0) -> int:
+                time_limit: float = 60.0, node_limit: int = 200_000) -> int:
     """A lower bound on the memory any plan needs.
 
     Parameters
@@ -68,8 +68,10 @@ def lower_bound(records, kind: str = "offsets", *, tight: bool = False,
         ``"offsets"`` only: raise the bound by exact searches on windows of
         consecutive time sections (the buffers live there, lifetimes clipped:
         a smaller instance whose optimum no plan of the whole can beat), for
-        up to ``time_limit`` seconds (a cold Numba cache's compile time
-        counts). Never below the plain bound, never above the optimum.
+        up to ``node_limit`` search nodes: the same bound on every machine and
+        run, unless ``time_limit`` seconds, an outer cap, end it first
+        (compilation comes before the clock starts). Never below the plain
+        bound, never above the optimum.
 
     Returns
     -------
@@ -93,6 +95,10 @@ def lower_bound(records, kind: str = "offsets", *, tight: bool = False,
         if tight:
             from .search import window_lower_bound
 
-            return int(window_lower_bound(*cols, time_limit=float(time_limit)))
+            if isinstance(node_limit, bool) or not isinstance(node_limit, (int, np.integer)) \
+                    or node_limit < 1:
+                raise ValueError(f"node_limit must be a positive int, got {node_limit!r}")
+            return int(window_lower_bound(*cols, time_limit=float(time_limit),
+                                          node_limit=int(node_limit)))
         return int(K.max_live_bytes(*cols))
     return int(K.positional_maximums(*cols).sum())

@@ -25,8 +25,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", "-s", default="greedy_by_size",
                    choices=(*STRATEGIES, "search"),
                    help="a TFLite strategy, or search (offsets: greedy starts + branch and bound)")
+    p.add_argument("--nodes", type=positive(int), default=None,
+                   help="search nodes for --strategy search (default: 2000000): the same plan "
+                        "on every machine")
     p.add_argument("--time-limit", type=positive(float), default=None,
-                   help="seconds for --strategy search (default: 3), not counting compilation")
+                   help="--strategy search: a cap in seconds (default: 60), not counting "
+                        "compilation")
     p.add_argument("--capacity", type=byte_size(), default=None,
                    help="--strategy search: stop at the first plan within this many bytes "
                         "(e.g. 96, 64KiB)")
@@ -58,9 +62,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--alignment only applies to --kind offsets")
         if args.strategy == "search" and args.kind != "offsets":
             raise ValueError("--strategy search plans offsets (--kind offsets)")
-        if args.strategy != "search" and (args.time_limit is not None
+        if args.strategy != "search" and (args.time_limit is not None or args.nodes is not None
                                           or args.capacity is not None):
-            raise ValueError("--time-limit and --capacity apply to --strategy search only")
+            raise ValueError("--nodes, --time-limit and --capacity apply to --strategy search "
+                             "only")
         records = read_records(args.file)
         bound = lower_bound(records, args.kind)
         if args.kind == "objects":
@@ -72,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             }
         else:
             plan = assign_offsets(records, args.strategy, args.alignment,
-                                  time_limit=args.time_limit or 3.0, capacity=args.capacity)
+                                  time_limit=args.time_limit, capacity=args.capacity,
+                                  node_limit=args.nodes)
             total = plan.total_size
             payload = {"offsets": plan.offsets.tolist()}
             if plan.search is not None:
@@ -82,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "greedy_size": st.greedy_size,
                                      "greedy_order": st.greedy_order, "nodes": st.nodes,
                                      "calls": st.calls, "seconds": st.seconds,
+                                     "stopped": st.stopped,
                                      "compile_seconds": st.compile_seconds}
     except USER_ERRORS as exc:
         return report_error("plan", exc, sys.stderr)
@@ -108,11 +115,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ratio:       {ratio:.4f}")
         if "search" in payload:
             st = payload["search"]
+            ended = {"nodes": "; stopped at the node limit (--nodes)",
+                     "time": "; stopped at the time cap (--time-limit): this plan may differ "
+                             "on another machine"}.get(st["stopped"], "")
             print(f"search:      {'proven optimal' if st['optimal'] else 'not proven optimal'};"
                   f" greedy start ({st['greedy_order']}) {st['greedy_size']}, {st['nodes']} nodes"
                   f" in {st['calls']} searches, {st['seconds']:.2f} s"
                   + (f" (and {st['compile_seconds']:.2f} s compiling first)"
-                     if st["compile_seconds"] >= 0.01 else ""))
+                     if st["compile_seconds"] >= 0.01 else "") + ended)
     return 0
 
 

@@ -3,10 +3,11 @@
 ``search_offsets`` keeps the best of several greedy best-fit orders, then asks
 the search kernel (``_search.fits``) whether a plan fits in a smaller arena:
 first at the lower bound (on many instances the optimum), then by bisection
-between the best proven-infeasible size and the best plan found. Each call
-gets a node budget from the time left, so the whole stays within
-``time_limit``. A plan is proven optimal when it meets the lower bound or when
-the search exhausted the size just below it.
+between the best proven-infeasible size and the best plan found. The work
+is bounded in search nodes (``node_limit``), so the answer does not depend on
+the machine, its load or the JIT cache; ``time_limit`` is an outer cap only,
+and compilation happens before the clock starts. A plan is proven optimal when
+it meets the lower bound or when the search exhausted the size just below it.
 """
 
 from __future__ import annotations
@@ -21,14 +22,19 @@ import numpy as np
 from . import _kernels as K
 from . import _search as S
 
-__all__ = ["SearchStats", "search_offsets", "window_lower_bound"]
+__all__ = ["DEFAULT_NODE_LIMIT", "DEFAULT_TIME_LIMIT", "SearchStats", "search_offsets",
+           "window_lower_bound"]
 
-_FIRST_BUDGET = 20_000  # nodes of the first call; later budgets follow the measured node rate
+_FIRST_BUDGET = 20_000  # nodes of the first call; budgets double while rounds make no progress
 _FIRST_WORK = 20_000_000  # ... fewer on large instances: a node scans every section
 _MAX_BUDGET = 1 << 40
 _MAX_TOTAL = 1 << 62  # byte sums stay below this, so no int64 arithmetic can wrap
 _WINDOW_NODES = 2_000  # nodes per exact search of one window (tight lower bound)
-_BOUND_SHARE = 0.1  # of the time limit, for the tight lower bound
+_BOUND_SHARE = 0.1  # of the node limit, for the tight lower bound
+#: Search nodes ``search_offsets`` expands at most by default (a few seconds here).
+DEFAULT_NODE_LIMIT = 2_000_000
+#: Seconds, an outer cap only: the node limit ends a search first on most machines.
+DEFAULT_TIME_LIMIT = 60.0
 _MEMO_ENTRIES = 1 << 20  # per memo table (two uint64 arrays, zeroed pages only once used)
 
 
@@ -53,6 +59,12 @@ class SearchStats:
     seconds : float
         Time spent searching; ``improvements`` lists ``(seconds, arena size)``
         at each better plan, the greedy start first.
+    stopped : str
+        Why the search ended: ``"optimal"``, ``"capacity"`` (the capacity
+        question answered: a plan within it, or none),
+        ``"nodes"`` (the node limit: the same answer on any machine) or
+        ``"time"`` (the outer time cap: then the answer may depend on the
+        machine).
     compile_seconds : float
         Time spent compiling (or loading) the kernels before the search
         started: 0.0 but on the first search of a process.
@@ -66,6 +78,7 @@ class SearchStats:
     calls: int
     seconds: float
     improvements: list = field(default_factory=list)
+    stopped: str = "optimal"
     compile_seconds: float = 0.0
 
 
@@ -119,28 +132,30 @@ def compile_kernels() -> float:
 
     t0 = time.perf_counter()
     sizes, firsts, lasts = np.array(GADGET, dtype=np.int64).T.copy()
-    _search_offsets(sizes, firsts, lasts, 60.0, None, None)  # max-live 5 fails, 6 fits
-    _window_lower_bound(sizes, firsts, lasts, 60.0, _WINDOW_NODES, None)
+    _search_offsets(sizes, firsts, lasts, 60.0, None, None, 10_000)  # max-live 5 fails, 6 fits
+    _window_lower_bound(sizes, firsts, lasts, 60.0, _WINDOW_NODES, None, 10_000)
     _compiled.set()
     return time.perf_counter() - t0
 
 
-def window_lower_bound(sizes, firsts, lasts, time_limit: float = 1.0,
-                       per_window: int = _WINDOW_NODES, lower: int | None = None) -> int:
+def window_lower_bound(sizes, firsts, lasts, time_limit: float = DEFAULT_TIME_LIMIT,
+                       per_window: int = _WINDOW_NODES, lower: int | None = None,
+                       node_limit: int = int(_BOUND_SHARE * DEFAULT_NODE_LIMIT)) -> int:
     """A lower bound on the arena size of every plan, at least max-live.
 
     Exact searches (``_search.window_bound``) on the buffers of windows of
     consecutive time sections, 2, 3, 4, 6, 9, ... sections wide and at last
     all of them, each search at most ``per_window`` nodes, until
-    ``time_limit`` seconds are spent (compilation first, not counted): a
-    window in which no plan fits in C bytes proves that no plan of the whole
-    does. Zero-size records are left out.
+    ``node_limit`` nodes are spent (or, an outer cap, ``time_limit`` seconds,
+    compilation first and not counted): a window in which no plan fits in C
+    bytes proves that no plan of the whole does. Zero-size records are left out.
     """
     compile_kernels()
-    return _window_lower_bound(sizes, firsts, lasts, time_limit, per_window, lower)
+    return _window_lower_bound(sizes, firsts, lasts, time_limit, per_window, lower, node_limit)
 
 
-def _window_lower_bound(sizes, firsts, lasts, time_limit, per_window, lower) -> int:
+def _window_lower_bound(sizes, firsts, lasts, time_limit, per_window, lower,
+                        node_limit) -> int:
     keep = sizes > 0
     sizes, firsts, lasts = sizes[keep], firsts[keep], lasts[keep]
     _check_total(sizes)
@@ -156,46 +171,49 @@ def _window_lower_bound(sizes, firsts, lasts, time_limit, per_window, lower) -> 
         widths.append(w)
         w += max(1, w // 2)
     widths.append(num_sections)
-    budget, rate = 20 * per_window, None
+    spent = 0
     for width in widths:
         start = 0
         while start < num_sections:
-            left = time_limit - (time.perf_counter() - t0)
-            if left <= 0:
+            if spent >= node_limit or time.perf_counter() - t0 >= time_limit:
                 return lower
-            call_budget = budget if rate is None else max(per_window, int(rate * left))
-            t1 = time.perf_counter()
+            call_budget = min(20 * per_window, node_limit - spent)
             lower, used, start = S.window_bound(sizes, a, b, lower, width, per_window,
                                                 call_budget, start)
-            elapsed = time.perf_counter() - t1
-            if elapsed > 0.002:
-                rate = used / elapsed
+            spent += int(used)
             lower = int(lower)
     return lower
 
 
-def search_offsets(sizes, firsts, lasts, time_limit: float = 3.0, capacity: int | None = None,
-                   lower: int | None = None):
+def search_offsets(sizes, firsts, lasts, time_limit: float = DEFAULT_TIME_LIMIT,
+                   capacity: int | None = None, lower: int | None = None,
+                   node_limit: int = DEFAULT_NODE_LIMIT):
     """Offsets for 1-D records by greedy starts and branch and bound.
 
     Returns ``(offsets, total_size, SearchStats)``. With ``capacity``, stops
     at the first plan within it (and searches only at that size); a capacity
     below the lower bound returns the best greedy start at once. Zero-size
-    records get offset 0 and take no part in the search. The kernels are
-    compiled before ``time_limit`` starts to count (``SearchStats.compile_seconds``).
+    records get offset 0 and take no part in the search.
+
+    The search expands at most ``node_limit`` nodes (a tenth of them on the
+    tight lower bound), so the result is the same on every machine and run;
+    ``time_limit`` seconds is an outer cap (``SearchStats.stopped`` says which
+    ended it). The kernels are compiled before the clock starts
+    (``SearchStats.compile_seconds``).
     """
     _check_total(sizes)
     compiling = compile_kernels()
-    offsets, total, stats = _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower)
+    offsets, total, stats = _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower,
+                                            node_limit)
     return offsets, total, dataclasses.replace(stats, compile_seconds=compiling)
 
 
-def _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower):
+def _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower, node_limit):
     keep = np.flatnonzero(sizes > 0)
     if keep.shape[0] < sizes.shape[0]:
         offsets = np.zeros(sizes.shape[0], dtype=np.int64)
         sub, total, stats = _search_offsets(sizes[keep], firsts[keep], lasts[keep], time_limit,
-                                            capacity, lower)
+                                            capacity, lower, node_limit)
         offsets[keep] = sub
         return offsets, total, stats
     t0 = time.perf_counter()
@@ -222,7 +240,8 @@ def _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower):
     twin = _twins(sizes, a, b)
     offsets = np.zeros(n, dtype=np.int64)
     budget = max(1000, min(_FIRST_BUDGET, _FIRST_WORK // max(num_sections, 1)))
-    rate = None  # nodes per second, once measured
+    bound_nodes = int(_BOUND_SHARE * node_limit)
+    stopped = "optimal" if capacity is None else "capacity"  # unless a limit ends it first
     exhausted_budget = False
     rounds = 0
     memos = {}
@@ -239,20 +258,16 @@ def _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower):
             sizes_to_try.append((proven + best) // 2)
         progress = False
         for size in sizes_to_try:
-            if size >= best or size < proven or time.perf_counter() - t0 >= time_limit:
+            if size >= best or size < proven or nodes >= node_limit \
+                    or time.perf_counter() - t0 >= time_limit:
                 continue
-            left = time_limit - (time.perf_counter() - t0)
-            call_budget = budget if rate is None else max(1000, min(budget, int(rate * left)))
-            t1 = time.perf_counter()
+            call_budget = min(budget, node_limit - nodes)
             if size not in memos:  # one memo per size, shared by its calls; two kept
                 if len(memos) >= 2:
                     del memos[next(k for k in memos if k != proven)]
                 memos[size] = S.memo_table(_MEMO_ENTRIES)
             status, used = S.fits_memo(sizes, a, b, num_sections, branch_order, twin, size,
                                        call_budget, offsets, limit, S.ALL_RULES, *memos[size])
-            elapsed = time.perf_counter() - t1
-            if elapsed > 0.002:
-                rate = used / elapsed
             exhausted_budget = status == S.BUDGET and used >= call_budget
             nodes += int(used)
             calls += 1
@@ -265,13 +280,18 @@ def _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower):
                 progress = True
         if capacity is not None and (best <= capacity or (progress and best > capacity)):
             break
+        if nodes >= node_limit:
+            stopped = "nodes"
+            break
         if time.perf_counter() - t0 >= time_limit:
+            stopped = "time"
             break
         if rounds == 0 and best > proven and capacity is None:
             # Not solved at once: is the optimum above max-live? Exact searches on
-            # windows of the instance may prove so (a share of the time).
-            share = min(_BOUND_SHARE * time_limit, time_limit - (time.perf_counter() - t0))
-            tight = _window_lower_bound(sizes, firsts, lasts, share, _WINDOW_NODES, proven)
+            # windows of the instance may prove so (a share of the nodes).
+            left = time_limit - (time.perf_counter() - t0)
+            tight = _window_lower_bound(sizes, firsts, lasts, left, _WINDOW_NODES, proven,
+                                        bound_nodes)
             proven = max(proven, min(tight, best))
         rounds += 1
         if not progress and limit < 0 and exhausted_budget:
@@ -279,5 +299,6 @@ def _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower):
     seconds = time.perf_counter() - t0
     stats = SearchStats(optimal=best <= proven, lower_bound=min(proven, best),
                         greedy_size=greedy, greedy_order=greedy_order, nodes=nodes,
-                        calls=calls, seconds=seconds, improvements=improvements)
+                        calls=calls, seconds=seconds, improvements=improvements,
+                        stopped="optimal" if best <= proven else stopped)
     return best_off, best, stats

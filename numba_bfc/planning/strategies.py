@@ -264,25 +264,32 @@ def objects_to_offsets(assignment: ObjectsAssignment) -> OffsetsAssignment:
     return OffsetsAssignment(starts[ids], int(starts[-1]))
 
 
-def _search(recs, time_limit, capacity) -> OffsetsAssignment:
-    from .search import search_offsets
+def _search(recs, time_limit, capacity, node_limit) -> OffsetsAssignment:
+    from .search import DEFAULT_NODE_LIMIT, DEFAULT_TIME_LIMIT, search_offsets
 
+    time_limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
+    node_limit = DEFAULT_NODE_LIMIT if node_limit is None else node_limit
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) \
             or not time_limit > 0:
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+    if isinstance(node_limit, bool) or not isinstance(node_limit, (int, np.integer)) \
+            or node_limit < 1:
+        raise ValueError(f"node_limit must be a positive int, got {node_limit!r}")
     if capacity is not None:
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) \
                 or capacity < 0:
             raise ValueError(f"capacity must be a non-negative int, got {capacity!r}")
     offsets, total, stats = search_offsets(
         np.ascontiguousarray(recs["size"]), np.ascontiguousarray(recs["first"]),
-        np.ascontiguousarray(recs["last"]), float(time_limit), capacity)
+        np.ascontiguousarray(recs["last"]), float(time_limit), capacity,
+        node_limit=int(node_limit))
     return OffsetsAssignment(offsets, int(total), stats)
 
 
 def assign_offsets(
     records, strategy: str = "greedy_by_size", alignment: int = 1, *,
-    time_limit: float = 3.0, capacity: int | None = None,
+    time_limit: float | None = None, capacity: int | None = None,
+    node_limit: int | None = None,
 ) -> OffsetsAssignment:
     """Place tensors in one arena (TFLite ``AssignOffsetsToTensors``).
 
@@ -299,8 +306,13 @@ def assign_offsets(
         Base-address alignment of every gap start, a power of two
         (``greedy_by_size`` only; TFLite ignores it for the other strategies
         and so does this function).
-    time_limit : float
-        Seconds ``search`` may take (a cold Numba cache's compile time counts).
+    time_limit : float, optional
+        ``search``: an outer cap in seconds (default
+        ``search.DEFAULT_TIME_LIMIT``); compilation comes first and does not count.
+    node_limit : int, optional
+        ``search``: the most search nodes (default
+        ``search.DEFAULT_NODE_LIMIT``): the same plan on every machine and run
+        unless the time cap ends it first (``.search.stopped``).
     capacity : int, optional
         ``search`` stops at the first plan within this arena size.
 
@@ -330,7 +342,7 @@ def assign_offsets(
         raise ValueError(f"alignment {alignment} could take the arena past 2**62 bytes "
                          "(int64 arithmetic)")
     if strategy == "search":
-        return _search(recs, time_limit, capacity)
+        return _search(recs, time_limit, capacity, node_limit)
     name = _check_strategy(strategy, dims)
     if name != "greedy_by_size":
         return objects_to_offsets(assign_objects(recs, name))
