@@ -4,6 +4,7 @@ status 2, never a traceback; a snapshot cannot make its reader work for
 minutes; a host backend's views are safe while other threads map and unmap.
 """
 
+import contextlib
 import gzip
 import importlib
 import io
@@ -379,3 +380,32 @@ def test_host_views_are_safe_while_other_threads_map_and_unmap(contiguous):
         for w in workers:
             w.join()
     assert errors == []
+
+
+_ALIGNMENTS = [1, 2, 3, 255, 256, 1 << 32, (1 << 40) + 1, 1 << 61, (1 << 62) - 1, 1 << 62,
+               (1 << 63) - 1, 1 << 63, 1 << 64, 0, -1, -(1 << 63)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(alignment=st.sampled_from(_ALIGNMENTS),
+       sizes=st.lists(st.sampled_from([1, 255, 4096, 1 << 40, 1 << 61]), min_size=1, max_size=4))
+def test_planner_alignments_near_every_boundary(tmp_path_factory, alignment, sizes):
+    from numba_bfc.planning import assign_offsets, validate
+
+    records = [(s, k, k + 1) for k, s in enumerate(sizes)]
+    try:
+        plan = assign_offsets(records, "greedy_by_size", alignment=alignment)
+    except ValueError as e:
+        assert "alignment" in str(e) or "2**62" in str(e)
+    else:
+        validate(records, plan)
+        assert 0 <= plan.total_size < 1 << 62
+        assert all(int(o) % alignment == 0 for o in plan.offsets)
+    path = tmp_path_factory.mktemp("a") / "r.csv"
+    path.write_text("size,first,last\n" + "".join(f"{s},{f},{la}\n" for s, f, la in records))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = plan_main([str(path), "--alignment", str(alignment)])
+    assert code in (0, 2)
+    if code == 2:
+        _one_error_line(err.getvalue(), "plan")
