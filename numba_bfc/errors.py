@@ -21,7 +21,8 @@ class OutOfMemoryError(MemoryError):
     summary and the occupancy map.
 
     The message, ``stats`` and ``reason`` are fixed when the error is raised
-    (the message is formatted when first shown).
+    (the message is formatted when first shown, ``stats`` built on first read
+    from counters taken at the failure).
     The bin summary and the occupancy map cost far more than the failed
     allocation itself (a pass over every chunk), so allocators build them on
     first read of either attribute, from the allocator as it is then. That is
@@ -53,6 +54,11 @@ class OutOfMemoryError(MemoryError):
         ``"exhausted"`` (not enough free bytes at all) or ``"backend"``.
     """
 
+    # Slots, not the instance dict: a failed allocation that is caught and
+    # retried pays for its error, and slot stores cost a third of dict ones.
+    __slots__ = ("_message", "allocator_name", "num_bytes", "rounded_bytes", "alignment",
+                 "_stats", "reason", "_bin_summary", "_occupancy", "_report_stale", "_report")
+
     def __init__(
         self,
         message: str | Callable[[], str],
@@ -61,7 +67,7 @@ class OutOfMemoryError(MemoryError):
         num_bytes: int = 0,
         rounded_bytes: int = 0,
         alignment: int = 0,
-        stats: Any = None,
+        stats: Any = None,  # AllocatorStats, or a callable building it (once)
         bin_summary: list[dict] | None = None,
         occupancy: str = "",
         reason: str = "exhausted",
@@ -79,9 +85,9 @@ class OutOfMemoryError(MemoryError):
         self.num_bytes = num_bytes
         self.rounded_bytes = rounded_bytes
         self.alignment = alignment
-        self.stats = stats
+        self._stats = stats
         self.reason = reason
-        self._bin_summary = bin_summary or []
+        self._bin_summary = bin_summary
         self._occupancy = occupancy
         self._report_stale = False
         self._report = report  # () -> (bin_summary, occupancy, stale), called once
@@ -105,8 +111,20 @@ class OutOfMemoryError(MemoryError):
             self._bin_summary, self._occupancy, self._report_stale = report()
 
     @property
+    def stats(self) -> Any:
+        if callable(self._stats):
+            self._stats = self._stats()
+        return self._stats
+
+    @stats.setter
+    def stats(self, value: Any) -> None:
+        self._stats = value
+
+    @property
     def bin_summary(self) -> list[dict]:
         self._built()
+        if self._bin_summary is None:
+            self._bin_summary = []
         return self._bin_summary
 
     @property
@@ -123,7 +141,11 @@ class OutOfMemoryError(MemoryError):
         # The deferred report refers to the allocator, which does not travel.
         self._formatted()
         self._built()
-        return type(self), self.args, self.__dict__
+        state = {name: getattr(self, name) for name in OutOfMemoryError.__slots__
+                 if name not in ("_message", "_report")}
+        state.update(_stats=self.stats, _message=None, _report=None)  # built: no allocator
+        state.update(self.__dict__)
+        return _rebuild_error, (type(self), self.args, state)
 
     def report_keywords(self) -> dict:
         """Keywords for ``OutOfMemoryError(...)`` that hand this error's report,
@@ -243,5 +265,6 @@ def reading_file(path: str | os.PathLike) -> Iterator[None]:
 def _rebuild_error(cls: type, args: tuple, state: dict) -> BaseException:
     error = cls.__new__(cls)
     error.args = args
-    error.__dict__.update(state)
+    for name, value in state.items():
+        setattr(error, name, value)
     return error

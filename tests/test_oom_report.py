@@ -9,6 +9,7 @@ for what a deferred report must say.
 
 import gc
 import pickle
+import weakref
 
 import pytest
 
@@ -157,3 +158,53 @@ def test_the_message_is_formatted_when_first_shown(policy, monkeypatch):
     text = str(err)
     assert formatted == [1] and err.args == (text,) and text in repr(err)
     assert str(err) == text and formatted == [1]
+
+
+@pytest.mark.parametrize("policy", list(PAIRS))
+def test_stats_and_message_built_late_describe_the_failure(policy):
+    """``stats`` (and the message made from them) are built on first read, from
+    counters taken at the failure: changes after it do not show."""
+    cls, oracle_cls, kw = PAIRS[policy]
+    a, live = _fragmented(cls, **kw)
+    oracle, _ = _fragmented(oracle_cls, **kw)
+    err, expected = _failure(a), _failure(oracle)
+    at_failure = a.get_stats()
+    for p in live[:5]:
+        a.deallocate_raw(p)
+    a.allocate_raw(3 * MiB)
+    assert a.get_stats() != at_failure
+    assert err.stats == at_failure == expected.stats
+    assert str(err) == str(expected)
+    assert err.stats is err.stats  # built once
+
+
+@pytest.mark.parametrize("policy", list(PAIRS))
+def test_a_kept_error_keeps_no_allocator_alive(policy):
+    cls, _, kw = PAIRS[policy]
+    a, _ = _fragmented(cls, **kw)
+    err = _failure(a).with_traceback(None)
+    alive = weakref.ref(a)
+    del a
+    gc.collect()
+    assert alive() is None
+    assert err.stats.bytes_limit == 64 * MiB and "out of memory" in str(err)
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
+def test_a_replay_reports_its_first_failure_in_full_and_counts_the_rest(policy):
+    """Replays keep only the first failure's message: later errors are built
+    brief, and the allocator builds full errors again afterwards."""
+    from numba_bfc.traces import Trace, make_allocator, replay
+
+    n = 200
+    trace = Trace.from_arrays([0] * n + [1] * n, list(range(n)) * 2, [MiB] * n + [0] * n)
+    kernel_allocator, python_allocator = (make_allocator(policy, 32 * MiB) for _ in range(2))
+    kernel = replay(trace, kernel_allocator, engine="kernel")
+    python = replay(trace, python_allocator, engine="python")
+    assert kernel.ooms == python.ooms > 100
+    assert kernel.first_oom == python.first_oom  # the message in full, as one call gives it
+    assert "a batch reports" not in kernel.first_oom.message
+    assert kernel_allocator.get_stats() == python_allocator.get_stats()
+    with pytest.raises(OutOfMemoryError) as e:
+        kernel_allocator.allocate_raw(64 * MiB)
+    assert e.value.stats is not None and "a batch reports" not in str(e.value)

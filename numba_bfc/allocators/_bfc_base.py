@@ -350,15 +350,18 @@ class BFCBase(PooledAllocator):
         return True
 
     def _stats_locked(self) -> AllocatorStats:
-        c = self._counters()
-        largest = self._largest_free()
+        return self._stats_from(self._counters(), self._largest_free(), self.memory_limit)
+
+    @staticmethod
+    def _stats_from(c: dict, largest: int, limit: int) -> AllocatorStats:
+        """Stats from counters: static, so that a deferred build holds no allocator."""
         free = c["pool_bytes"] - c["bytes_in_use"]
         return AllocatorStats(
             num_allocs=c["num_allocs"],
             bytes_in_use=c["bytes_in_use"],
             peak_bytes_in_use=c["peak_bytes_in_use"],
             largest_alloc_size=c["largest_alloc_size"],
-            bytes_limit=self.memory_limit,
+            bytes_limit=limit,
             bytes_reserved=c["pool_bytes"],
             peak_bytes_reserved=c["peak_pool_bytes"],
             largest_free_block_bytes=largest,
@@ -366,17 +369,21 @@ class BFCBase(PooledAllocator):
         )
 
     def _out_of_memory(self, n: int, rounded: int, alignment: int, reason: str | None):
-        stats = self._stats_locked()
         if reason is None:
-            free_total = (stats.bytes_reserved - stats.bytes_in_use) + (
-                self.memory_limit - stats.bytes_reserved
-            )
+            in_use, reserved = self._usage()
+            free_total = (reserved - in_use) + (self.memory_limit - reserved)
             if self._backend_refused:
                 reason = "backend"
             elif free_total >= rounded:
                 reason = "fragmentation"
             else:
                 reason = "exhausted"
+        if self._brief_oom:
+            return _report.brief_oom(self._name, n, rounded, alignment, reason)
+        # The counters now, the stats built from them when someone reads them:
+        # a retry loop that only catches the error never pays for them.
+        stats = _report.Deferred(self._stats_from, self._counters(), self._largest_free(),
+                                 self.memory_limit)
         return OutOfMemoryError(
             functools.partial(_report.oom_message, self._name, n, rounded, alignment, stats,
                               self.memory_limit, reason),

@@ -60,7 +60,10 @@ FREE_BLOCK_DTYPE = np.dtype([("size", np.int64), ("ptr", np.int64), ("segment", 
 def _oom_message(name: str, n: int, alloc_size: int, total: int | None,
                  device_free: int | None, limit: int | None, stats, reason: str,
                  split_unlimited: bool) -> str:
-    """PyTorch's out-of-memory text, for ``OutOfMemoryError`` to format when shown."""
+    """PyTorch's out-of-memory text, for ``OutOfMemoryError`` to format when shown
+    (``stats``: an ``AllocatorStats`` or a callable that builds it)."""
+    if callable(stats):
+        stats = stats()
     allocated, reserved = stats.bytes_in_use, stats.bytes_reserved
     parts = [f"{name}: out of memory. Tried to allocate {format_bytes(alloc_size)} "
              f"(a segment for a request of {n} bytes)."]
@@ -440,6 +443,9 @@ class CachingBase(PooledAllocator):
     def _release_cached_blocks(self) -> None:
         """Free every cached unsplit segment, large pool first (``empty_cache``)."""
         self._events["num_sync_all_streams"] += 1
+        allocated, reserved = self._usage()
+        if allocated == reserved:
+            return  # every segment is wholly in use: no free block, no pass over them
         for pool in (LARGE_POOL, SMALL_POOL):
             for segment in self._unsplit_free_segments(pool):
                 self._release(segment)
@@ -486,13 +492,13 @@ class CachingBase(PooledAllocator):
 
     def _out_of_memory(self, n: int, alloc_size: int) -> OutOfMemoryError:
         self._events["num_ooms"] += 1
-        stats = self._allocator_stats()
+        rows = self._stat_rows()
         total = self._backend.total_memory()
         held = self._backend.bytes_held
         device_free = None if total is None else max(total - held, 0)
         if self._history is not None:
             self._trace("oom", device_free or 0, alloc_size)
-        allocated, reserved = stats.bytes_in_use, stats.bytes_reserved
+        allocated, reserved = rows[ALLOCATED_BYTES][0], rows[RESERVED_BYTES][0]
         cached = reserved - allocated
         limited = (self.memory_limit is not None and reserved + alloc_size > self.memory_limit
                    and (device_free is None or device_free >= alloc_size))
@@ -502,6 +508,11 @@ class CachingBase(PooledAllocator):
             reason = "fragmentation"
         else:
             reason = "exhausted" if total is not None and device_free < alloc_size else "backend"
+        if self._brief_oom:
+            return _report.brief_oom(self._name, n, alloc_size, MIN_BLOCK_SIZE, reason)
+        # The counters now, the stats built from them on first read.
+        stats = _report.Deferred(self._stats_from, rows, self._largest_free(),
+                                 self._largest_alloc(), self.memory_limit or 0)
         message = functools.partial(_oom_message, self._name, n, alloc_size, total, device_free,
                                     self.memory_limit, stats, reason,
                                     self.max_split_size == UNLIMITED)
@@ -531,19 +542,26 @@ class CachingBase(PooledAllocator):
         return int(st[1, 0, 0]), int(st[3, 0, 0])
 
     def _allocator_stats(self) -> AllocatorStats:
+        return self._stats_from(self._stat_rows(), self._largest_free(), self._largest_alloc(),
+                                self.memory_limit or 0)
+
+    def _stat_rows(self) -> list:
         # The "all" entries of allocation, allocated_bytes and reserved_bytes,
         # read at once: [current, peak, allocated, freed] each.
-        rows = self._stat_array()[:RESERVED_BYTES + 1, 0].tolist()
+        return self._stat_array()[:RESERVED_BYTES + 1, 0].tolist()
+
+    @staticmethod
+    def _stats_from(rows: list, largest: int, largest_alloc: int, limit: int) -> AllocatorStats:
+        """Stats from counters: static, so that a deferred build holds no allocator."""
         allocation, allocated = rows[ALLOCATION], rows[ALLOCATED_BYTES]
         reserved = rows[RESERVED_BYTES]
-        largest = self._largest_free()
         free = reserved[0] - allocated[0]
         return AllocatorStats(
             num_allocs=allocation[2],
             bytes_in_use=allocated[0],
             peak_bytes_in_use=allocated[1],
-            largest_alloc_size=self._largest_alloc(),
-            bytes_limit=self.memory_limit or 0,
+            largest_alloc_size=largest_alloc,
+            bytes_limit=limit,
             bytes_reserved=reserved[0],
             peak_bytes_reserved=reserved[1],
             largest_free_block_bytes=largest,

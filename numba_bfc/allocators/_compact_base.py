@@ -393,6 +393,9 @@ class CompactGrowth:
         # BFC's: nothing goes back when that cannot make room for ``rounded``
         # (with holes this check is necessary, not sufficient: a retry that
         # still fails leaves the pages given back).
+        in_use, pool = self._usage()
+        if rounded > self.memory_limit - in_use:
+            return False  # no room even with every free byte given back: skip the passes
         tails = 0
         if not all(self._remaps(sp) for sp in (LARGE_SPACE, SMALL_SPACE)):
             tails = sum(self._pieces[p][0] for base, size in self._region_list()
@@ -400,7 +403,6 @@ class CompactGrowth:
                         for p in self._releasable_pieces(base, size))
         ranges = self._punchable()
         releasable = tails + sum(hi - lo for _, _, lo, hi in ranges)
-        in_use, pool = self._usage()
         # A hole fill can also use the free bytes that stay mapped next to the
         # hole, but never more than the limit leaves beside what is in use.
         usable = self.memory_limit - (in_use if ranges else pool - releasable)

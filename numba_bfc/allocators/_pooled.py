@@ -16,6 +16,9 @@ class PooledAllocator(Allocator):
     """Base of ``BFCBase`` and ``CachingBase``; subclasses set ``_name``,
     ``_backend`` and ``_lock`` and implement ``_lookup`` and ``_records``."""
 
+    #: True while a batch wants its later failures brief (``_report.brief_oom``).
+    _brief_oom = False
+
     @property
     def name(self) -> str:
         """The allocator's name."""

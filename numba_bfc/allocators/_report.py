@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import InvalidPointerError
+from ..errors import InvalidPointerError, OutOfMemoryError
 from ..stats import format_bytes
 
 # One row per chunk, in address order: what ``memory_map`` and the renderers read.
@@ -111,7 +111,10 @@ def chunk_list(records: np.ndarray) -> list[dict]:
 
 def oom_message(name: str, num_bytes: int, rounded: int, alignment: int, stats,
                 limit: int, reason: str) -> str:
-    """The OutOfMemoryError text: what was asked, and why it could not be served."""
+    """The OutOfMemoryError text: what was asked, and why it could not be served
+    (``stats``: an ``AllocatorStats`` or a callable that builds it)."""
+    if callable(stats):
+        stats = stats()
     free_in_pool = stats.bytes_reserved - stats.bytes_in_use
     unallocated = limit - stats.bytes_reserved
     why = {
@@ -165,6 +168,37 @@ def oom_report(allocator, summary: Callable[[np.ndarray], list[dict]] | None) ->
         return {"bin_summary": summary(records) if summary else [],
                 "occupancy": render_occupancy(records, allocator._region_list())}
     return {"report": _DeferredReport(allocator, summary, fingerprint)}
+
+
+def brief_oom(name: str, num_bytes: int, rounded: int, alignment: int,
+              reason: str) -> OutOfMemoryError:
+    """An out-of-memory error with the request and the reason only (no stats,
+    no report): what a batch hands its ``on_oom`` after the first failure,
+    when the caller asked for the first one in full only."""
+    return OutOfMemoryError(
+        f"Allocator ({name}) ran out of memory trying to allocate {num_bytes} bytes ({reason}); "
+        "a batch reports its first failure in full only", allocator_name=name,
+        num_bytes=num_bytes, rounded_bytes=rounded, alignment=alignment, reason=reason)
+
+
+class Deferred:
+    """``build(*args)``, made on the first call and kept: what an
+    out-of-memory error carries instead of a value nobody may read (cheaper
+    to make than ``functools.cache`` of a partial)."""
+
+    __slots__ = ("_build", "_args", "_value")
+
+    def __init__(self, build: Callable, *args) -> None:
+        self._build = build
+        self._args = args
+
+    def __call__(self):
+        try:
+            return self._value
+        except AttributeError:
+            self._value = self._build(*self._args)
+            self._build = self._args = None
+            return self._value
 
 
 class _DeferredReport:

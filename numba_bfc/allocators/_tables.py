@@ -210,9 +210,9 @@ class TableStore:
         # Every allocation takes a new id, every free shrinks the pointer map,
         # and every other change to the chunks changes the pool, the regions
         # or the timestamped queue.
-        st = self._state
-        return (int(st[L.S_NEXT_ALLOCATION_ID]), int(st[L.S_MAP_COUNT]),
-                int(st[L.S_POOL_BYTES]), int(st[L.S_NUM_REGIONS]), int(st[L.S_TSQ_COUNT]))
+        item = self._state.item
+        return (item(L.S_NEXT_ALLOCATION_ID), item(L.S_MAP_COUNT), item(L.S_POOL_BYTES),
+                item(L.S_NUM_REGIONS), item(L.S_TSQ_COUNT))
 
     def _lookup(self, ptr: int):
         h = _MAP_LOOKUP.call(self._state, ptr)
@@ -311,17 +311,28 @@ class TableStore:
         return out
 
     def _drive_batch(self, ops, ids, sizes, alignment, id_ptr, out, start, stop,
-                     series=_NO_SERIES, stride=0, on_oom=None, labels=None) -> None:
+                     series=_NO_SERIES, stride=0, on_oom=None, labels=None,
+                     brief_after_first: bool = False) -> None:
         """Run operations ``start..stop-1`` in the batch kernel, serving what it
         cannot alone (growing tables, extending the pool). An allocation that
         fails raises ``OutOfMemoryError``, or with ``on_oom`` is reported to
-        ``on_oom(index, error)`` and skipped (its id marked ``FAILED``).
-        ``labels``: the ids to name in errors, if ``ids`` renumbers them.
-        The caller holds the lock."""
+        ``on_oom(index, error)`` and skipped (its id marked ``FAILED``); with
+        ``brief_after_first``, the errors after the first carry the request
+        and the reason only (no stats, message or report to build: a replay
+        that counts failures). ``labels``: the ids to name in errors, if
+        ``ids`` renumbers them. The caller holds the lock."""
         if getattr(self, "_timestamps_used", False):
             # Timed frees and their merging happen per call; keep single-call semantics.
             return self._drive_single(ops, ids, sizes, alignment, id_ptr, out, start, stop,
                                       series, stride, on_oom, labels)
+        try:
+            self._drive_kernel(ops, ids, sizes, alignment, id_ptr, out, start, stop, series,
+                               stride, on_oom, labels, brief_after_first)
+        finally:
+            self._brief_oom = False
+
+    def _drive_kernel(self, ops, ids, sizes, alignment, id_ptr, out, start, stop, series,
+                      stride, on_oom, labels, brief_after_first) -> None:
         i = start
         in_use = self._IN_USE_SLOT
         max_request = self._largest_request()
@@ -354,6 +365,8 @@ class TableStore:
             else:
                 raise self._not_live(i, ids if labels is None else labels)
             p = self._served(serve, i, sizes, alignment, on_oom)
+            if p == FAILED and brief_after_first:
+                self._brief_oom = True
             id_ptr[ids[i]] = p
             out[i] = max(p, 0)
             if stride > 0:

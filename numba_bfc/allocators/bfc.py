@@ -174,7 +174,8 @@ class BFCAllocator(TableStore, BFCBase):
         }
 
     def _usage(self) -> tuple[int, int]:
-        return int(self._state[L.S_BYTES_IN_USE]), int(self._state[L.S_POOL_BYTES])
+        st = self._state  # .item(): a Python int without a NumPy scalar in between
+        return st.item(L.S_BYTES_IN_USE), st.item(L.S_POOL_BYTES)
 
     def _clear_counters(self) -> None:
         st = self._state

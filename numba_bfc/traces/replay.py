@@ -349,8 +349,10 @@ def replay(
                 for start in range(0, n, _CHUNK_EVENTS):
                     stop = min(n, start + _CHUNK_EVENTS)
                     try:
+                        # Only the first failure's message is kept: later ones brief.
                         allocator._drive_batch(ops, slots, sizes, alignment, ptrs, addresses,
-                                               start, stop, usage, stride, on_oom)
+                                               start, stop, usage, stride, on_oom,
+                                               brief_after_first=True)
                     except _StopReplay:
                         done = first_oom[0].event + 1
                         raise
