@@ -9,7 +9,6 @@ nothing: kernels are compiled (or loaded from Numba's cache) on first use.
 
 from .adaptors import LimitingAllocator, LoggingAllocator, RetryingAllocator, StatisticsAllocator
 from .allocators import BFCAllocator, CachingAllocator, CompactAllocator, SharedCounter
-from .allocators.host import HostAllocator
 from .errors import InputError, InvalidPointerError, OutOfMemoryError
 from .framework import (
     AllocationAttributes,
@@ -23,6 +22,7 @@ from .framework import (
     global_registry,
     register_allocator,
 )
+from .framework.host import HostAllocator
 from .stats import AllocatorStats
 from .traces import ReplayResult, RmmLogEvent, Trace, TraceError, read_rmm_log, replay
 

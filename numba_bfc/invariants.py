@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .allocators._bfc_base import MIN_ALLOCATION, NUM_BINS
-from .allocators._caching_base import CachingBase
-from .allocators._compact_base import CompactGrowth
-from .allocators._report import bin_of
+from .allocators.bfc_base import MIN_ALLOCATION, NUM_BINS
+from .allocators.caching_base import CachingBase
+from .allocators.compact_base import CompactGrowth
+from .allocators.report import bin_of
 from .kernels import layout as L
 from .policies import caching as C
 

@@ -7,9 +7,9 @@ import pytest
 
 from numba_bfc import BFCAllocator
 from numba_bfc.adaptors import LoggingAllocator, StatisticsAllocator
-from numba_bfc.allocators.host import HostAllocator
 from numba_bfc.backends import HostSubAllocator, VirtualSubAllocator
 from numba_bfc.framework import AllocationAttributes, AllocatorAttributes
+from numba_bfc.framework.host import HostAllocator
 
 MiB = 1 << 20
 

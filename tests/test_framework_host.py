@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from numba_bfc import InvalidPointerError, OutOfMemoryError
-from numba_bfc.allocators.host import HostAllocator
+from numba_bfc.framework.host import HostAllocator
 
 
 def _bytes_at(ptr, n):

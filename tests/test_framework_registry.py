@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from numba_bfc.allocators.host import HostAllocator
 from numba_bfc.framework import (
     ENTRY_POINT_GROUP,
     AllocatorRegistry,
@@ -16,6 +15,7 @@ from numba_bfc.framework import (
     register_allocator,
 )
 from numba_bfc.framework import registry as registry_module
+from numba_bfc.framework.host import HostAllocator
 
 
 def test_highest_priority_wins_and_names_are_in_resolution_order():
@@ -155,7 +155,7 @@ def test_decorator_defaults_to_the_global_registry():
 def plugin_dir(tmp_path, monkeypatch):
     """A fake installed distribution declaring allocators in our entry-point group."""
     (tmp_path / "fake_bfc_plugin.py").write_text(textwrap.dedent("""
-        from numba_bfc.allocators.host import HostAllocator
+        from numba_bfc.framework.host import HostAllocator
 
         class FastAllocator(HostAllocator):
             priority = 50

@@ -3,9 +3,9 @@
 import pytest
 
 from numba_bfc import BFCAllocator, InvalidPointerError, OutOfMemoryError
-from numba_bfc.allocators.host import HostAllocator
 from numba_bfc.backends import VirtualSubAllocator
 from numba_bfc.framework import AllocatorWrapper, TrackingAllocator
+from numba_bfc.framework.host import HostAllocator
 
 
 class UntrackedHost(AllocatorWrapper):

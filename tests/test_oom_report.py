@@ -19,7 +19,7 @@ from numba_bfc import (
     CompactAllocator,
     OutOfMemoryError,
 )
-from numba_bfc.allocators import _report
+from numba_bfc.allocators import report as _report
 from numba_bfc.backends import VirtualSubAllocator
 from numba_bfc.reference import (
     ReferenceBFCAllocator,
@@ -144,12 +144,12 @@ def test_the_cuda_error_keeps_the_report_deferred(monkeypatch):
 
 @pytest.mark.parametrize("policy", list(PAIRS))
 def test_the_message_is_formatted_when_first_shown(policy, monkeypatch):
-    from numba_bfc.allocators import _caching_base
+    from numba_bfc.allocators import caching_base
 
     cls, _, kw = PAIRS[policy]
     a, _ = _fragmented(cls, **kw)
     formatted = []
-    for module, name in ((_report, "oom_message"), (_caching_base, "_oom_message")):
+    for module, name in ((_report, "oom_message"), (caching_base, "_oom_message")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name,
                             lambda *args, _real=real: formatted.append(1) or _real(*args))

@@ -48,7 +48,7 @@ class StatisticsAllocator(BookkeepingWrapper):
 
     Examples
     --------
-    >>> from numba_bfc.allocators.host import HostAllocator
+    >>> from numba_bfc.framework.host import HostAllocator
     >>> stats = StatisticsAllocator(HostAllocator())
     >>> p = stats.allocate_raw(1000)
     >>> _ = stats.push_counters()

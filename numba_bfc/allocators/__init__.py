@@ -1,7 +1,7 @@
 """The Python façade: allocator classes holding the tables, a lock and the backend."""
 
-from ._bfc_base import SharedCounter
 from .bfc import BFCAllocator
+from .bfc_base import SharedCounter
 from .caching import CachingAllocator
 from .compact import CompactAllocator
 

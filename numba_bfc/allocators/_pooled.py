@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from ..errors import InvalidPointerError
 from ..framework.allocator import Allocator
-from . import _report
-from ._validate import check_pointer
+from ..framework.validate import check_pointer
+from . import report as _report
 
 
 class PooledAllocator(Allocator):

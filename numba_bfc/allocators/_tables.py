@@ -22,6 +22,7 @@ import threading
 import numpy as np
 
 from ..errors import InvalidPointerError, OutOfMemoryError
+from ..framework.validate import MAX_INT64, check_alignment
 from ..kernels import layout as L
 from ..kernels.operations import (
     largest_free_chunk_op,
@@ -30,9 +31,8 @@ from ..kernels.operations import (
     remove_region_op,
 )
 from ..policies.batch import FAILED, RELEASE_DUE, TOO_LARGE, sample_usage
-from . import _report
+from . import report as _report
 from ._fastcall import Kernel
-from ._validate import MAX_INT64, check_alignment
 
 ALLOCATE = 0
 FREE = 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..framework.validate import MAX_INT64
 from ..kernels import layout as L
 from ..kernels.operations import (
     add_region_op,
@@ -12,10 +13,9 @@ from ..kernels.operations import (
 )
 from ..policies.batch import run_batch_bfc
 from ..policies.bfc import bfc_allocate_op, bfc_deallocate_op, bfc_deallocate_timestamped_op
-from ._bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase
 from ._fastcall import Kernel
 from ._tables import LARGEST_FREE_CHUNK, REMOVE_REGION, TableStore
-from ._validate import MAX_INT64
+from .bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase
 
 __all__ = ["BFCAllocator"]
 

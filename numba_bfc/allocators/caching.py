@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..framework.validate import MAX_INT64
 from ..kernels import layout as L
 from ..kernels.operations import whole_free_regions_op
 from ..policies import caching as C
 from ..policies.batch import run_batch_caching
-from ._caching_base import FREE_BLOCK_DTYPE, ONE_EIB, CachingBase
 from ._fastcall import Kernel
 from ._tables import LARGEST_FREE_CHUNK, TableStore
-from ._validate import MAX_INT64
+from .caching_base import FREE_BLOCK_DTYPE, ONE_EIB, CachingBase
 
 __all__ = ["CachingAllocator"]
 

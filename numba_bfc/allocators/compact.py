@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..framework.validate import MAX_INT64
 from ..kernels import layout as L
 from ..kernels.operations import (
     free_head_end_op,
@@ -23,12 +24,11 @@ from ..policies.compact import (
     compact_deallocate_op,
     top_region_tail_op,
 )
-from ._bfc_base import MIN_ALLOCATION, round_bytes
-from ._compact_base import CompactGrowth
 from ._fastcall import Kernel
 from ._tables import REMOVE_REGION
-from ._validate import MAX_INT64
 from .bfc import BFCAllocator
+from .bfc_base import MIN_ALLOCATION, round_bytes
+from .compact_base import CompactGrowth
 
 __all__ = ["CompactAllocator"]
 

@@ -1,7 +1,9 @@
 """TensorFlow's allocator framework: the interface, its attribute types, the
+argument checks every allocator shares, the host (``"cpu"``) allocator, the
 registry, the tracking allocator and the wrapper base of the adaptors."""
 
 from .allocator import AllocationAttributes, Allocator, AllocatorAttributes
+from .host import HostAllocator
 from .registry import (
     ENTRY_POINT_GROUP,
     AllocatorRegistry,
@@ -22,6 +24,7 @@ __all__ = [
     "AllocatorWrapper",
     "AllocRecord",
     "BookkeepingWrapper",
+    "HostAllocator",
     "ENTRY_POINT_GROUP",
     "RegistryEntry",
     "TrackingAllocator",

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .allocator import Allocator
+from .host import HostAllocator
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -250,8 +251,6 @@ _GLOBAL_LOCK = threading.Lock()
 
 
 def _cpu_allocator() -> Allocator:
-    from ..allocators.host import HostAllocator  # here: numba_bfc.allocators imports us
-
     return HostAllocator(name="cpu")
 
 
@@ -278,7 +277,7 @@ def register_allocator(name: str, priority: int = 0, *,
     Examples
     --------
     >>> from numba_bfc.framework import AllocatorRegistry, register_allocator
-    >>> from numba_bfc.allocators.host import HostAllocator
+    >>> from numba_bfc.framework.host import HostAllocator
     >>> reg = AllocatorRegistry()
     >>> @register_allocator("small_host", priority=5, registry=reg)
     ... def small_host():

@@ -15,9 +15,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..allocators._validate import check_alignment, check_free_pointer, check_size
 from ..stats import AllocatorStats
 from .allocator import AllocationAttributes, Allocator
+from .validate import check_alignment, check_free_pointer, check_size
 
 __all__ = ["AllocatorWrapper"]
 

@@ -14,8 +14,8 @@ from collections import deque
 import numpy as np
 from sortedcontainers import SortedDict, SortedKeyList
 
-from ..allocators import _report
-from ..allocators._bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase, round_bytes
+from ..allocators import report as _report
+from ..allocators.bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase, round_bytes
 
 __all__ = ["ReferenceBFCAllocator"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 from sortedcontainers import SortedKeyList
 
-from ..allocators import _report
-from ..allocators._caching_base import FREE_BLOCK_DTYPE, CachingBase
+from ..allocators import report as _report
+from ..allocators.caching_base import FREE_BLOCK_DTYPE, CachingBase
 from ..policies.caching import (
     ACTIVE,
     ACTIVE_BYTES,

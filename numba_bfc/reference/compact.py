@@ -8,7 +8,7 @@ table rows.
 
 from __future__ import annotations
 
-from ..allocators._compact_base import CompactGrowth
+from ..allocators.compact_base import CompactGrowth
 from .bfc import ReferenceBFCAllocator, _Region
 
 __all__ = ["ReferenceCompactAllocator"]

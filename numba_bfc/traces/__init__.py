@@ -8,7 +8,7 @@
 (8000, 8704, 1)
 """
 
-from .formats import FORMATS, guess_format, read_trace, write_trace
+from .formats import FORMATS, guess_format
 from .replay import (
     MAX_LIMIT,
     POLICIES,
@@ -34,7 +34,15 @@ from .rmm_log import (
     EVENT_DTYPE as RMM_EVENT_DTYPE,
 )
 from .torch_io import assign_ids, capture_torch
-from .trace import EVENT_DTYPE, PROBLEMS, Trace, TraceError, TraceRecorder
+from .trace import (
+    EVENT_DTYPE,
+    PROBLEMS,
+    Trace,
+    TraceError,
+    TraceRecorder,
+    read_trace,
+    write_trace,
+)
 
 __all__ = [
     "ACTIONS",

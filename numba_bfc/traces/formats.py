@@ -11,6 +11,10 @@
   without torch (``numba_bfc.traces.torch_io``).
 * ``torch_profiler``: the Chrome trace of ``torch.profiler`` with
   ``profile_memory=True`` (its ``[memory]`` events).
+
+This module reads and writes the event columns (``op``, ``id``, ``size``,
+``stream``, ``time``); ``Trace.read`` / ``read_trace`` and ``Trace.write`` /
+``write_trace`` (``numba_bfc.traces.trace``) make them a validated ``Trace``.
 """
 
 from __future__ import annotations
@@ -26,9 +30,8 @@ from . import _kernels as K
 from .rmm_log import ACTIONS, RmmLogEvent, RmmLogWriter, events_to_array
 from .rmm_log import read_rows as read_rmm_rows
 from .torch_io import assign_ids
-from .trace import Trace, TraceError
 
-__all__ = ["FORMATS", "guess_format", "read_trace", "write_trace"]
+__all__ = ["FORMATS", "guess_format", "read_columns", "write_events"]
 
 FORMATS = ("csv", "rmm", "torch_snapshot", "torch_profiler")
 _OP_LETTER = {"a": K.ALLOC, "f": K.FREE}
@@ -70,8 +73,8 @@ def guess_format(path: str | os.PathLike) -> str:
 _INT64 = np.iinfo(np.int64)
 
 
-def _parse_csv(text: str, name: str) -> tuple[Trace, np.ndarray]:
-    """The trace, and the line number of each event (errors name lines)."""
+def _parse_csv(text: str) -> tuple[dict, np.ndarray]:
+    """The event columns, and the line number of each event (errors name lines)."""
     lines = text.splitlines()
     start = 0
     while start < len(lines) and not lines[start].strip():
@@ -92,8 +95,8 @@ def _parse_csv(text: str, name: str) -> tuple[Trace, np.ndarray]:
             raise InputError(f"{len(cells)} fields, the header has {width}", line=number)
     numbers = np.array([r[0] for r in rows], dtype=np.int64)
     if not rows:
-        return Trace(np.empty(0, dtype=[("op", "i1"), ("id", "i8"), ("size", "i8")]),
-                     name), numbers
+        empty = np.zeros(0, dtype=np.int64)
+        return {"op": empty.astype(np.int8), "id": empty, "size": empty}, numbers
     table = np.array([r[1] for r in rows], dtype=str)
     table = np.char.strip(table)
 
@@ -125,15 +128,15 @@ def _parse_csv(text: str, name: str) -> tuple[Trace, np.ndarray]:
     if bad.size:
         raise InputError(f"op must be 'a' or 'f', got {str(letters[bad[0]])[:100]!r}",
                          line=int(numbers[bad[0]]), field="op")
-    stream = col("stream", "i8", "0") if "stream" in header else None
-    time = col("time", "f8", "nan") if "time" in header else None
-    trace = Trace.from_arrays(op, col("id", "i8", "x"), col("size", "i8", "0"), stream, time,
-                              name=name, validate=False)
-    return trace, numbers
+    cols = {"op": op, "id": col("id", "i8", "x"), "size": col("size", "i8", "0")}
+    if "stream" in header:
+        cols["stream"] = col("stream", "i8", "0")
+    if "time" in header:
+        cols["time"] = col("time", "f8", "nan")
+    return cols, numbers
 
 
-def _format_csv(trace: Trace) -> str:
-    ev = trace.events
+def _format_csv(ev: np.ndarray) -> str:
     letters = np.where(ev["op"] == K.ALLOC, "a", "f")
     cols = [letters, ev["id"].astype(str), ev["size"].astype(str)]
     header = ["op", "id", "size"]
@@ -144,7 +147,7 @@ def _format_csv(trace: Trace) -> str:
         header.append("time")
         cols.append(np.array(["" if math.isnan(t) else repr(t) for t in ev["time"].tolist()]))
     lines = [",".join(header)]
-    if len(trace):
+    if len(ev):
         joined = cols[0]
         for c in cols[1:]:
             joined = np.char.add(np.char.add(joined, ","), c)
@@ -153,31 +156,28 @@ def _format_csv(trace: Trace) -> str:
 
 
 # ---------------------------------------------------------------------- rmm
-def _from_rmm(source, name: str) -> tuple[Trace, np.ndarray]:
-    """The trace without failed allocations (counted in ``dropped``), and
-    the line number of each event."""
+def _from_rmm(source) -> tuple[dict, np.ndarray, int]:
+    """The event columns without failed allocations, the line number of each
+    event, and how many failed allocations were dropped."""
     rows, numbers = read_rmm_rows(source)
     events = events_to_array(rows)
     failed = events["action"] == ACTIONS.index("allocate failure")
     kept = events[~failed]
     ops = np.where(kept["action"] == ACTIONS.index("allocate"), K.ALLOC, K.FREE).astype(np.int8)
-    trace = Trace.from_arrays(ops, assign_ids(ops, kept["pointer"]), kept["size"],
-                              kept["stream"], kept["time_us"] * 1e-6, name=name, validate=False)
-    if failed.any():
-        trace.dropped["allocate_failure"] = int(np.count_nonzero(failed))
-    return trace, np.asarray(numbers, dtype=np.int64)[~failed]
+    cols = {"op": ops, "id": assign_ids(ops, kept["pointer"]), "size": kept["size"],
+            "stream": kept["stream"], "time": kept["time_us"] * 1e-6}
+    return cols, np.asarray(numbers, dtype=np.int64)[~failed], int(np.count_nonzero(failed))
 
 
-def _write_rmm(trace: Trace, path) -> None:
+def _write_rmm(ev: np.ndarray, slots: np.ndarray, path) -> None:
     import datetime as dt
 
     # Synthetic addresses: unique per allocation, 256-byte aligned, never null.
-    slots = trace.slots()
     writer = RmmLogWriter(path)
     try:
-        for op, slot, size, stream, t in zip(trace.ops.tolist(), slots.tolist(),
-                                             trace.sizes.tolist(), trace.streams.tolist(),
-                                             trace.times.tolist()):
+        for op, slot, size, stream, t in zip(ev["op"].tolist(), slots.tolist(),
+                                             ev["size"].tolist(), ev["stream"].tolist(),
+                                             ev["time"].tolist()):
             micros = 0 if math.isnan(t) else int(round(t * 1e6)) % 86_400_000_000
             clock = (dt.datetime.min + dt.timedelta(microseconds=micros)).time()
             writer.write(RmmLogEvent(0, clock, "allocate" if op == K.ALLOC else "free",
@@ -187,91 +187,60 @@ def _write_rmm(trace: Trace, path) -> None:
 
 
 # ---------------------------------------------------------------------- dispatch
-def read_trace(path: str | os.PathLike, format: str | None = None, *, clean: bool = False,
-               name: str | None = None, **options) -> Trace:
-    """Read a trace file; see the module docstring for the formats.
+def read_columns(path: str | os.PathLike, format: str | None = None,
+                 **options) -> tuple[dict, np.ndarray | None, dict[str, int]]:
+    """The event columns of a trace file (``op``, ``id``, ``size``, and
+    ``stream`` and ``time`` when the format has them), each event's line in a
+    text file (None for the others), and the events dropped while reading, by
+    reason. Most callers want ``Trace.read``.
 
-    Parameters
-    ----------
-    path : str or path-like
-    format : str, optional
-        One of ``FORMATS``; guessed from the name and content when None.
-    clean : bool
-        Drop events that cannot be replayed (frees of blocks allocated before
-        recording started, ...) and count them in ``.dropped``, instead of
-        raising ``TraceError``.
-    name : str, optional
-        The trace's name (default: the file name without extensions).
-    **options
-        Passed to the format's reader (``device=`` for torch snapshots,
-        ``device_type=`` for profiler traces).
-
-    Raises
-    ------
-    InputError
-        The file's content cannot be read: its message names the file, the
-        line (text formats) and the field. ``TraceError``, a subclass, when an
-        event cannot be replayed (with ``clean=False``).
-    OSError
-        The file cannot be opened.
-    ValueError
-        ``format`` is not one of ``FORMATS``.
+    Raises ``InputError`` naming the file, line and field of what cannot be
+    read, ``OSError`` for a file that cannot be opened, ``ValueError`` for an
+    unknown ``format``.
     """
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown trace format {format!r} "
                          f"(expected one of {', '.join(FORMATS)})")
-    where = os.fspath(path)
-    base = os.path.basename(where)
-    name = name or base.split(".")[0] or base
-    lines = None  # each event's line, for text formats
-    with reading_file(where):
+    lines, dropped = None, {}
+    with reading_file(path):
         fmt = format or guess_format(path)
-        if fmt in ("csv", "rmm"):
+        if fmt == "csv":
             with _open_text(path) as f:
-                parse = _parse_csv if fmt == "csv" else _from_rmm
-                trace, lines = parse(f.read() if fmt == "csv" else f, name)
+                cols, lines = _parse_csv(f.read())
+        elif fmt == "rmm":
+            with _open_text(path) as f:
+                cols, lines, failures = _from_rmm(f)
+            if failures:
+                dropped["allocate_failure"] = failures
         else:
             from . import torch_io
 
             reader = (torch_io.read_torch_snapshot if fmt == "torch_snapshot"
                       else torch_io.read_profiler_trace)
             cols = reader(path, **options)
-            trace = Trace.from_arrays(cols["op"], cols["id"], cols["size"], cols.get("stream"),
-                                      cols.get("time"), name=name, validate=False)
-    try:
-        return _finish(trace, clean)
-    except TraceError as e:
-        raise e.located(where, None if lines is None else int(lines[e.index])) from None
+    return cols, lines, dropped
 
 
-def _finish(trace: Trace, clean: bool) -> Trace:
-    if clean:
-        return trace.clean()
-    dropped = trace.dropped
-    trace.validate()
-    trace.dropped = dropped
-    return trace
-
-
-def write_trace(trace: Trace, path: str | os.PathLike, format: str | None = None) -> None:
-    """Write ``trace`` as ``csv`` (default; gzip for ``.gz``), ``rmm`` or ``torch_snapshot``."""
-    trace.validate()
+def write_events(events: np.ndarray, slots: np.ndarray, path: str | os.PathLike,
+                 format: str | None = None) -> None:
+    """Write validated events (``Trace.events``, and ``Trace.slots()`` for the
+    RMM log's synthetic addresses) as ``csv`` (default; gzip for ``.gz``),
+    ``rmm`` or ``torch_snapshot``. Most callers want ``Trace.write``."""
     name = str(path).lower()
     fmt = format or ("torch_snapshot" if name.endswith((".pickle", ".pkl")) else "csv")
     if fmt == "csv":
         with _open_text(path, "wt") as f:
-            f.write(_format_csv(trace))
+            f.write(_format_csv(events))
     elif fmt == "rmm":
         if name.endswith(".gz"):
             with gzip.open(path, "wt", encoding="ascii", newline="\n") as f:
-                _write_rmm(trace, f)
+                _write_rmm(events, slots, f)
         else:
-            _write_rmm(trace, path)
+            _write_rmm(events, slots, path)
     elif fmt == "torch_snapshot":
         from . import torch_io
 
-        ev = trace.events
-        torch_io.write_torch_snapshot(path, {f: ev[f] for f in ("op", "id", "size", "stream",
-                                                                "time")})
+        torch_io.write_torch_snapshot(path, {f: events[f] for f in ("op", "id", "size",
+                                                                    "stream", "time")})
     else:
         raise ValueError(f"cannot write format {fmt!r} (expected csv, rmm or torch_snapshot)")

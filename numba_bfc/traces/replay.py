@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..allocators import BFCAllocator, CachingAllocator, CompactAllocator
-from ..allocators._validate import check_alignment
 from ..backends import VirtualSubAllocator
 from ..errors import OutOfMemoryError
+from ..framework.validate import check_alignment
 from ..reference import ReferenceBFCAllocator, ReferenceCachingAllocator, ReferenceCompactAllocator
 from .trace import Trace
 

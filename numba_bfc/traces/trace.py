@@ -22,8 +22,9 @@ import numpy as np
 from ..errors import InputError
 from ..planning.records import RECORD_DTYPE
 from . import _kernels as K
+from .formats import read_columns, write_events
 
-__all__ = ["EVENT_DTYPE", "PROBLEMS", "Trace", "TraceError"]
+__all__ = ["EVENT_DTYPE", "PROBLEMS", "Trace", "TraceError", "read_trace", "write_trace"]
 
 EVENT_DTYPE = np.dtype([
     ("op", np.int8), ("id", np.int64), ("size", np.int64), ("stream", np.int64),
@@ -381,23 +382,12 @@ class Trace:
     @classmethod
     def read(cls, path: str | os.PathLike, format: str | None = None, *, clean: bool = False,
              name: str | None = None, **options) -> Trace:
-        """Read a trace file (see ``numba_bfc.traces.formats``).
-
-        ``format``: ``"csv"``, ``"rmm"``, ``"torch_snapshot"`` or
-        ``"torch_profiler"``; None guesses from the name and first bytes.
-        ``clean=True`` drops bad events (counted in ``.dropped``) instead of
-        raising ``TraceError``. Malformed content raises ``InputError`` naming
-        the file, line and field (see ``numba_bfc.traces.read_trace``).
-        """
-        from .formats import read_trace
-
+        """Read a trace file: ``read_trace``."""
         return read_trace(path, format, clean=clean, name=name, **options)
 
     def write(self, path: str | os.PathLike, format: str | None = None) -> None:
         """Write the trace as ``"csv"`` (``.gz`` compresses), ``"rmm"`` or
         ``"torch_snapshot"``; None picks from the file name (csv by default)."""
-        from .formats import write_trace
-
         write_trace(self, path, format)
 
     # ------------------------------------------------------------------ recording
@@ -485,3 +475,55 @@ class TraceRecorder:
         if self._trace is None:
             raise RuntimeError("the trace is ready when the with block ends")
         return self._trace
+
+
+def read_trace(path: str | os.PathLike, format: str | None = None, *, clean: bool = False,
+               name: str | None = None, **options) -> Trace:
+    """Read a trace file; ``numba_bfc.traces.formats`` describes the formats.
+
+    Parameters
+    ----------
+    path : str or path-like
+    format : str, optional
+        One of ``FORMATS``; guessed from the name and content when None.
+    clean : bool
+        Drop events that cannot be replayed (frees of blocks allocated before
+        recording started, ...) and count them in ``.dropped``, instead of
+        raising ``TraceError``.
+    name : str, optional
+        The trace's name (default: the file name without extensions).
+    **options
+        Passed to the format's reader (``device=`` for torch snapshots,
+        ``device_type=`` for profiler traces).
+
+    Raises
+    ------
+    InputError
+        The file's content cannot be read: its message names the file, the
+        line (text formats) and the field. ``TraceError``, a subclass, when an
+        event cannot be replayed (with ``clean=False``).
+    OSError
+        The file cannot be opened.
+    ValueError
+        ``format`` is not one of ``FORMATS``.
+    """
+    where = os.fspath(path)
+    base = os.path.basename(where)
+    cols, lines, dropped = read_columns(where, format, **options)
+    trace = Trace.from_arrays(cols["op"], cols["id"], cols["size"], cols.get("stream"),
+                              cols.get("time"), name=name or base.split(".")[0] or base,
+                              validate=False)
+    trace.dropped = dict(dropped)
+    if clean:
+        return trace.clean()
+    try:
+        trace.validate()
+    except TraceError as e:
+        raise e.located(where, None if lines is None else int(lines[e.index])) from None
+    return trace
+
+
+def write_trace(trace: Trace, path: str | os.PathLike, format: str | None = None) -> None:
+    """Write ``trace`` as ``csv`` (default; gzip for ``.gz``), ``rmm`` or ``torch_snapshot``."""
+    trace.validate()
+    write_events(trace.events, trace.slots(), path, format)

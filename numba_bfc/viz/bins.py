@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..allocators._bfc_base import MIN_ALLOCATION, NUM_BINS
-from ..allocators._report import bin_summary
+from ..allocators.bfc_base import MIN_ALLOCATION, NUM_BINS
+from ..allocators.report import bin_summary
 from ..stats import format_bytes
 from ._mpl import pyplot
 from .memory_map import PADDING, REQUESTED

@@ -35,8 +35,8 @@ import math
 from sortedcontainers import SortedDict
 
 from ..policies.compact import LARGE_SPACE, SMALL_SPACE
-from ._bfc_base import MIN_ALLOCATION
 from ._options import resolve_compact_options
+from .bfc_base import MIN_ALLOCATION
 
 #: Growth is by at least this many pages, or 1/``_GROWTH_FRACTION`` of the
 #: pool if less, and never past the limit (measured: about half the backend

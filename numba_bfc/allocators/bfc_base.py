@@ -18,17 +18,17 @@ import numpy as np
 
 from ..errors import OutOfMemoryError
 from ..framework.allocator import AllocationAttributes
-from ..stats import AllocatorStats
-from . import _report
-from ._options import resolve_bfc_options
-from ._pooled import PooledAllocator
-from ._validate import (
+from ..framework.validate import (
     MAX_INT64,
     check_alignment,
     check_count,
     check_free_pointer,
     check_size,
 )
+from ..stats import AllocatorStats
+from . import report as _report
+from ._options import resolve_bfc_options
+from ._pooled import PooledAllocator
 
 _log = logging.getLogger("numba_bfc")
 

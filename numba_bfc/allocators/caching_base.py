@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import OutOfMemoryError
 from ..framework.allocator import AllocationAttributes
+from ..framework.validate import MAX_INT64, check_alignment, check_free_pointer, check_size
 from ..policies.caching import (
     ALLOCATED_BYTES,
     ALLOCATION,
@@ -40,10 +41,9 @@ from ..policies.caching import (
     STAT_NAMES,
 )
 from ..stats import AllocatorStats, format_bytes
-from . import _report
+from . import report as _report
 from ._options import UNLIMITED, resolve_caching_options
 from ._pooled import PooledAllocator
-from ._validate import MAX_INT64, check_alignment, check_free_pointer, check_size
 
 ONE_EIB = 1 << 60  # PyTorch rejects requests of 1 EiB or more up front
 POOL_NAMES = ("small", "large")

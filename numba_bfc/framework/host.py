@@ -11,9 +11,9 @@ import numpy as np
 
 from .._config import parse_size
 from ..errors import InvalidPointerError, OutOfMemoryError
-from ..framework.allocator import AllocationAttributes, Allocator
 from ..stats import AllocatorStats, format_bytes
-from ._validate import check_alignment, check_free_pointer, check_pointer, check_size
+from .allocator import AllocationAttributes, Allocator
+from .validate import check_alignment, check_free_pointer, check_pointer, check_size
 
 __all__ = ["HostAllocator"]
 
