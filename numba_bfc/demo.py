@@ -6,6 +6,7 @@ import random
 import time
 
 from . import BFCAllocator, OutOfMemoryError
+from .allocators import POLICIES
 from .backends import VirtualSubAllocator
 from .stats import format_bytes
 
@@ -104,7 +105,7 @@ def _gpu_part() -> None:
         raise RuntimeError("the kernel's result is wrong")
 
 
-_POLICIES = ("bfc", "caching", "compact")
+_POLICIES = tuple(POLICIES)
 _GPU_SCALE = 64 << 20  # peak live bytes from which a 2 MiB page is a fair granularity
 
 

@@ -49,6 +49,9 @@ ONE_EIB = 1 << 60  # PyTorch rejects requests of 1 EiB or more up front
 POOL_NAMES = ("small", "large")
 _STAT_POOLS = ("all", "small_pool", "large_pool")
 _STAT_FIELDS = ("current", "peak", "allocated", "freed")
+# Indices into a stat's [pool][field] entries.
+_ALL_POOLS = 0
+_CURRENT, _PEAK, _ALLOCATED, _FREED = 0, 1, 2, 3
 _COUNTER_NAMES = ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
                   "num_device_alloc", "num_device_free")
 
@@ -215,22 +218,22 @@ class CachingBase(PooledAllocator):
     def memory_allocated(self) -> int:
         """``allocated_bytes.all.current``."""
         with self._lock:
-            return int(self._stat_array()[1, 0, 0])
+            return int(self._stat_array()[ALLOCATED_BYTES, _ALL_POOLS, _CURRENT])
 
     def max_memory_allocated(self) -> int:
         """``allocated_bytes.all.peak``."""
         with self._lock:
-            return int(self._stat_array()[1, 0, 1])
+            return int(self._stat_array()[ALLOCATED_BYTES, _ALL_POOLS, _PEAK])
 
     def memory_reserved(self) -> int:
         """``reserved_bytes.all.current``."""
         with self._lock:
-            return int(self._stat_array()[3, 0, 0])
+            return int(self._stat_array()[RESERVED_BYTES, _ALL_POOLS, _CURRENT])
 
     def max_memory_reserved(self) -> int:
         """``reserved_bytes.all.peak``."""
         with self._lock:
-            return int(self._stat_array()[3, 0, 1])
+            return int(self._stat_array()[RESERVED_BYTES, _ALL_POOLS, _PEAK])
 
     def reset_peak_memory_stats(self) -> None:
         """Set every peak to its current value."""
@@ -390,7 +393,7 @@ class CachingBase(PooledAllocator):
     def _alloc_block(self, alloc_size: int, pool: int, is_retry: bool):
         if is_retry:
             self._events["num_alloc_retries"] += 1
-        reserved = int(self._stat_array()[3, 0, 0])
+        reserved = int(self._stat_array()[RESERVED_BYTES, _ALL_POOLS, _CURRENT])
         if self.memory_limit is not None and reserved + alloc_size > self.memory_limit:
             return None
         if reserved + alloc_size > MAX_INT64:
@@ -455,7 +458,7 @@ class CachingBase(PooledAllocator):
         large-pool blocks (by lookups since they were cached) until usage falls
         to ``threshold * limit``."""
         threshold = self.garbage_collection_threshold * self.memory_limit
-        reserved = int(self._stat_array()[3, 0, 0])
+        reserved = int(self._stat_array()[RESERVED_BYTES, _ALL_POOLS, _CURRENT])
         if reserved <= threshold:
             return
         target = reserved - threshold
@@ -539,7 +542,8 @@ class CachingBase(PooledAllocator):
     def _usage(self) -> tuple[int, int]:
         """(allocated bytes, reserved bytes), cheaply: what a replay samples per event."""
         st = self._stat_array()
-        return int(st[1, 0, 0]), int(st[3, 0, 0])
+        return (int(st[ALLOCATED_BYTES, _ALL_POOLS, _CURRENT]),
+                int(st[RESERVED_BYTES, _ALL_POOLS, _CURRENT]))
 
     def _allocator_stats(self) -> AllocatorStats:
         return self._stats_from(self._stat_rows(), self._largest_free(), self._largest_alloc(),
@@ -548,7 +552,7 @@ class CachingBase(PooledAllocator):
     def _stat_rows(self) -> list:
         # The "all" entries of allocation, allocated_bytes and reserved_bytes,
         # read at once: [current, peak, allocated, freed] each.
-        return self._stat_array()[:RESERVED_BYTES + 1, 0].tolist()
+        return self._stat_array()[:RESERVED_BYTES + 1, _ALL_POOLS].tolist()
 
     @staticmethod
     def _stats_from(rows: list, largest: int, largest_alloc: int, limit: int) -> AllocatorStats:
@@ -570,12 +574,12 @@ class CachingBase(PooledAllocator):
 
     def _reset_peaks(self) -> None:
         st = self._stat_array()
-        st[:, :, 1] = st[:, :, 0]
+        st[:, :, _PEAK] = st[:, :, _CURRENT]
 
     def _reset_accumulated(self) -> None:
         st = self._stat_array()
-        st[:, :, 2] = 0
-        st[:, :, 3] = 0
+        st[:, :, _ALLOCATED] = 0
+        st[:, :, _FREED] = 0
         for k in self._events:
             self._events[k] = 0
 

@@ -52,7 +52,7 @@ from numba.cuda.cudadrv import driver as _drv
 from numba.cuda.cudadrv.driver import CudaAPIError, MemoryPointer
 
 from .._config import conf_from_env, parse_str
-from ..allocators import BFCAllocator
+from ..allocators import POLICIES as ALLOCATORS
 from ..backends.base import SubAllocator, _RangeMap
 from ..errors import InvalidPointerError, OutOfMemoryError
 from .stream_safety import (
@@ -76,7 +76,7 @@ __all__ = [
 
 _log = logging.getLogger("numba_bfc")
 
-POLICIES = ("bfc", "caching", "compact")
+POLICIES = tuple(ALLOCATORS)
 BACKENDS = ("plain", "virtual")
 # Keys this plugin reads from NUMBA_BFC_CONF; the allocators read the others.
 PLUGIN_CONF_KEYS = {"policy": parse_str, "backend": parse_str,
@@ -239,22 +239,6 @@ def _device_memory_info(backend: SubAllocator) -> tuple[int, int]:
     return max(0, int(total) - int(backend.bytes_held)), int(total)
 
 
-def _policy_class(policy: str) -> type:
-    if policy == "bfc":
-        return BFCAllocator
-    if policy == "compact":
-        from ..allocators.compact import CompactAllocator
-
-        return CompactAllocator
-    try:
-        from ..allocators.caching import CachingAllocator
-    except ImportError as e:
-        raise ImportError(
-            "numba_bfc: policy 'caching' needs numba_bfc.allocators.caching.CachingAllocator, "
-            f"which cannot be imported: {e}") from e
-    return CachingAllocator
-
-
 def _check_choice(value: Any, allowed: tuple[str, ...], what: str) -> str:
     v = str(value).strip().lower()
     if v not in allowed:
@@ -369,7 +353,7 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                 f"callable, not {type(safety).__name__}")
         self._stream_safety = safety
         self._va_size = opts.pop("va_size", None)
-        cls = _policy_class(self.policy)
+        cls = ALLOCATORS[self.policy]
         try:  # reject misspelt options now, not at the first allocation
             inspect.signature(cls).bind(None, **opts)
         except TypeError as e:

@@ -5,7 +5,7 @@
 ...                       size=[1000, 5000, 0, 3000, 0, 0])
 >>> r = replay(t, "caching")
 >>> r.peak_requested_bytes, r.peak_in_use_bytes, r.backend_allocs
-(8000, 8704, 1)
+(8000, 8192, 1)
 """
 
 from .formats import FORMATS, guess_format

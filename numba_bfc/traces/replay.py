@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ..allocators import BFCAllocator, CachingAllocator, CompactAllocator
+from ..allocators import POLICIES as ALLOCATORS
 from ..backends import VirtualSubAllocator
 from ..errors import OutOfMemoryError
 from ..framework.validate import check_alignment
-from ..reference import ReferenceBFCAllocator, ReferenceCachingAllocator, ReferenceCompactAllocator
+from ..reference import ORACLES
 from .trace import Trace
 
 __all__ = ["MAX_LIMIT", "POLICIES", "SERIES_DTYPE", "MinLimit", "OOMEvent", "ReplayResult",
@@ -69,15 +69,13 @@ def _compact_factory(cls):
     return make
 
 
-#: Policy name -> factory ``(limit, backend or None, **options) -> Allocator``.
-#: The ``*-oracle`` entries are the pure-Python reference allocators.
+_FACTORIES = {"bfc": _bfc_factory, "caching": _caching_factory, "compact": _compact_factory}
+#: Policy name (``numba_bfc.allocators.POLICIES``) -> factory ``(limit, backend or
+#: None, **options) -> Allocator``. The ``*-oracle`` entries are the pure-Python
+#: reference allocators.
 POLICIES: dict[str, Callable[..., Any]] = {
-    "bfc": _bfc_factory(BFCAllocator),
-    "caching": _caching_factory(CachingAllocator),
-    "compact": _compact_factory(CompactAllocator),
-    "bfc-oracle": _bfc_factory(ReferenceBFCAllocator),
-    "caching-oracle": _caching_factory(ReferenceCachingAllocator),
-    "compact-oracle": _compact_factory(ReferenceCompactAllocator),
+    **{name: _FACTORIES[name](cls) for name, cls in ALLOCATORS.items()},
+    **{f"{name}-oracle": _FACTORIES[name](cls) for name, cls in ORACLES.items()},
 }
 
 
