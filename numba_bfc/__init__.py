@@ -7,57 +7,35 @@ planner, and allocation traces replayed through any policy. Importing compiles
 nothing: kernels are compiled (or loaded from Numba's cache) on first use.
 """
 
-from .adaptors import LimitingAllocator, LoggingAllocator, RetryingAllocator, StatisticsAllocator
 from .allocators import BFCAllocator, CachingAllocator, CompactAllocator, SharedCounter
 from .errors import InputError, InvalidPointerError, OutOfMemoryError
-from .framework import (
-    AllocationAttributes,
-    Allocator,
-    AllocatorAttributes,
-    AllocatorRegistry,
-    AllocatorRegistryWarning,
-    AllocatorWrapper,
-    AllocRecord,
-    TrackingAllocator,
-    global_registry,
-    register_allocator,
-)
 from .framework.host import HostAllocator
 from .stats import AllocatorStats
-from .traces import ReplayResult, RmmLogEvent, Trace, TraceError, read_rmm_log, replay
 
 __version__ = "0.1.0"
 
+# The allocators, the errors, the stats and the plugin entry points; the
+# subsystems are subpackages (numba_bfc.traces, .planning, .framework,
+# .adaptors, .backends, .viz), as RMM keeps its resources in rmm.mr.
 __all__ = [
-    "Allocator",
-    "AllocationAttributes",
-    "AllocatorAttributes",
-    "AllocatorRegistry",
-    "AllocatorRegistryWarning",
-    "AllocatorWrapper",
-    "AllocRecord",
     "AllocatorStats",
     "BFCAllocator",
     "CachingAllocator",
     "CompactAllocator",
+    "CudaOutOfMemoryError",
     "HostAllocator",
     "InputError",
     "InvalidPointerError",
-    "LimitingAllocator",
-    "LoggingAllocator",
+    "NumbaBFCMemoryManager",
     "OutOfMemoryError",
-    "ReplayResult",
-    "RetryingAllocator",
-    "RmmLogEvent",
     "SharedCounter",
-    "StatisticsAllocator",
-    "Trace",
     "TraceError",
-    "TrackingAllocator",
-    "global_registry",
-    "read_rmm_log",
-    "register_allocator",
-    "replay",
+    "cupy_allocator",
+    "current_allocator",
+    "current_manager",
+    "empty_cache",
+    "record_stream",
+    "use_numba_bfc",
     "__version__",
 ]
 
@@ -76,6 +54,8 @@ _LAZY = {
     "empty_cache": "numba_bfc.integrations.numba_emm",
     "_numba_memory_manager": "numba_bfc.integrations.numba_emm",
     "cupy_allocator": "numba_bfc.integrations.cupy",
+    # Imports the trace machinery, which a program that only allocates never needs.
+    "TraceError": "numba_bfc.traces",
 }
 
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numba_bfc import BFCAllocator, CachingAllocator, LoggingAllocator
+from numba_bfc import BFCAllocator, CachingAllocator
+from numba_bfc.adaptors import LoggingAllocator
 from numba_bfc.backends import VirtualSubAllocator
 from numba_bfc.planning import validate
 from numba_bfc.traces import (

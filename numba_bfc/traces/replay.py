@@ -293,21 +293,8 @@ def replay(
     if not isinstance(trace, Trace):
         trace = Trace.read(trace)
     trace.validate()
-    made = isinstance(allocator, str)
-    if made:
-        policy = allocator
-        allocator = make_allocator(policy, limit, **options)
-    else:
-        if limit is not None or options:
-            raise ValueError("limit and options apply to a policy name, not an allocator "
-                             "instance (configure the instance instead)")
-        policy = getattr(allocator, "name", type(allocator).__name__)
-    if engine not in ("auto", "kernel", "python"):
-        raise ValueError(f"engine must be 'auto', 'kernel' or 'python', got {engine!r}")
-    has_kernel = hasattr(allocator, "_drive_batch")
-    if engine == "kernel" and not has_kernel:
-        raise TypeError(f"{type(allocator).__name__} has no batch kernel; use engine='python'")
-    use_kernel = has_kernel and engine != "python"
+    allocator, policy, made = _resolve_allocator(allocator, limit, options)
+    use_kernel = _use_kernel(allocator, engine)
     if series_points < 0:
         raise ValueError(f"series_points must be >= 0, got {series_points}")
     alignment = check_alignment(alignment)
@@ -324,58 +311,23 @@ def replay(
     usage = np.zeros((-(-n // stride) if stride else 0, 2), dtype=np.int64)
     ptrs = np.full(trace.num_allocations or 1, -1, dtype=np.int64)
     addresses = np.zeros(n, dtype=np.int64)
-    first_oom: list[OOMEvent] = []
-    ooms = 0
-
-    def on_oom(i: int, error: OutOfMemoryError) -> None:
-        nonlocal ooms
-        ooms += 1
-        if not first_oom:
-            first_oom.append(OOMEvent(i, int(sizes[i]), getattr(error, "reason", ""),
-                                      str(error).split("\n", 1)[0]))
-        if stop_on_oom:
-            raise _StopReplay
+    failures = _Failures(sizes, stop_on_oom)
 
     compile_seconds = (_warm_up(allocator, policy if made else None, limit, alignment, options)
                        if use_kernel else 0.0)
     allocs0, frees0 = _backend_counts(allocator)
-    done = 0
     t0 = time.perf_counter()
     try:
-        if use_kernel:
-            with allocator._lock:
-                for start in range(0, n, _CHUNK_EVENTS):
-                    stop = min(n, start + _CHUNK_EVENTS)
-                    try:
-                        # Only the first failure's message is kept: later ones brief.
-                        allocator._drive_batch(ops, slots, sizes, alignment, ptrs, addresses,
-                                               start, stop, usage, stride, on_oom,
-                                               brief_after_first=True)
-                    except _StopReplay:
-                        done = first_oom[0].event + 1
-                        raise
-                    done = stop
-                    if progress is not None:
-                        progress(done, n)
-        else:
-            done = _replay_python(allocator, ops, slots, sizes, alignment, ptrs, addresses,
-                                  usage, stride, on_oom, progress)
+        drive = _replay_kernel if use_kernel else _replay_python
+        done = drive(allocator, ops, slots, sizes, alignment, ptrs, addresses, usage, stride,
+                     failures, progress)
     except _StopReplay:
-        if not use_kernel:
-            done = first_oom[0].event + 1
+        done = failures.first.event + 1
     seconds = time.perf_counter() - t0
     allocs1, frees1 = _backend_counts(allocator)
 
     requested = trace.live_bytes()[:done]
-    series = np.zeros(0, SERIES_DTYPE)
-    if done:
-        buckets = -(-done // stride)
-        series = np.zeros(buckets, SERIES_DTYPE)
-        starts = np.arange(buckets) * stride
-        series["event"] = np.minimum(starts + stride, done) - 1
-        series["requested"] = np.maximum.reduceat(requested, starts)
-        series["in_use"] = usage[:buckets, 0]
-        series["reserved"] = usage[:buckets, 1]
+    series = _series(requested, usage, done, stride)
     offline_bytes = None
     if offline:
         from ..planning import assign_offsets
@@ -386,13 +338,80 @@ def replay(
         peak_requested_bytes=int(requested.max()) if done else 0,
         peak_in_use_bytes=int(series["in_use"].max()) if series.size else 0,
         peak_reserved_bytes=int(series["reserved"].max()) if series.size else 0,
-        backend_allocs=allocs1 - allocs0, backend_frees=frees1 - frees0, ooms=ooms,
-        seconds=seconds, limit=limit, first_oom=first_oom[0] if first_oom else None,
+        backend_allocs=allocs1 - allocs0, backend_frees=frees1 - frees0, ooms=failures.count,
+        seconds=seconds, limit=limit, first_oom=failures.first,
         offline_bytes=offline_bytes, engine="kernel" if use_kernel else "python",
         compile_seconds=compile_seconds,
         series=series if series_points else np.zeros(0, SERIES_DTYPE),
         addresses=addresses[:done],
     )
+
+
+def _resolve_allocator(allocator, limit: int | None, options: dict):
+    """``(allocator, policy name, made here)`` for a policy name or an instance."""
+    if isinstance(allocator, str):
+        return make_allocator(allocator, limit, **options), allocator, True
+    if limit is not None or options:
+        raise ValueError("limit and options apply to a policy name, not an allocator "
+                         "instance (configure the instance instead)")
+    return allocator, getattr(allocator, "name", type(allocator).__name__), False
+
+
+def _use_kernel(allocator, engine: str) -> bool:
+    if engine not in ("auto", "kernel", "python"):
+        raise ValueError(f"engine must be 'auto', 'kernel' or 'python', got {engine!r}")
+    has_kernel = hasattr(allocator, "_drive_batch")
+    if engine == "kernel" and not has_kernel:
+        raise TypeError(f"{type(allocator).__name__} has no batch kernel; use engine='python'")
+    return has_kernel and engine != "python"
+
+
+class _Failures:
+    """A replay's ``on_oom``: counts the failed allocations and keeps the first;
+    with ``stop``, ends the replay at it."""
+
+    def __init__(self, sizes: np.ndarray, stop: bool) -> None:
+        self._sizes = sizes
+        self._stop = stop
+        self.count = 0
+        self.first: OOMEvent | None = None
+
+    def __call__(self, i: int, error: OutOfMemoryError) -> None:
+        self.count += 1
+        if self.first is None:
+            self.first = OOMEvent(i, int(self._sizes[i]), getattr(error, "reason", ""),
+                                  str(error).split("\n", 1)[0])
+        if self._stop:
+            raise _StopReplay
+
+
+def _replay_kernel(allocator, ops, slots, sizes, alignment, ptrs, addresses, usage, stride,
+                   on_oom, progress) -> int:
+    """The batch kernel, a chunk of events per call (for progress reports)."""
+    n = ops.shape[0]
+    with allocator._lock:
+        for start in range(0, n, _CHUNK_EVENTS):
+            stop = min(n, start + _CHUNK_EVENTS)
+            # Only the first failure's message is kept: later ones brief.
+            allocator._drive_batch(ops, slots, sizes, alignment, ptrs, addresses, start, stop,
+                                   usage, stride, on_oom, brief_after_first=True)
+            if progress is not None:
+                progress(stop, n)
+    return n
+
+
+def _series(requested: np.ndarray, usage: np.ndarray, done: int, stride: int) -> np.ndarray:
+    """The time series of the first ``done`` events, one row per ``stride`` of them."""
+    if not done:
+        return np.zeros(0, SERIES_DTYPE)
+    buckets = -(-done // stride)
+    series = np.zeros(buckets, SERIES_DTYPE)
+    starts = np.arange(buckets) * stride
+    series["event"] = np.minimum(starts + stride, done) - 1
+    series["requested"] = np.maximum.reduceat(requested, starts)
+    series["in_use"] = usage[:buckets, 0]
+    series["reserved"] = usage[:buckets, 1]
+    return series
 
 
 def _replay_python(allocator, ops, slots, sizes, alignment, ptrs, addresses, usage, stride,
