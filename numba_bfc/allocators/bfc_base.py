@@ -9,6 +9,7 @@ chunk machinery (``BFCAllocator``: Numba kernels over tables;
 
 from __future__ import annotations
 
+import abc
 import functools
 import itertools
 import logging
@@ -71,7 +72,16 @@ class SharedCounter:
 
 
 class BFCBase(PooledAllocator):
-    """TF BFC semantics over an abstract chunk store (see module docstring)."""
+    """TF BFC semantics over an abstract chunk store (see module docstring).
+
+    The chunk store is the contract: the abstract methods (``_try_allocate``,
+    ``_add_region``, ``_deallocate_chunk``, ``_lookup``, the timestamped-free
+    and region hooks, ``_counters``, ``_largest_free``, ``_records``,
+    ``_region_list``), all called with the lock held. ``BFCAllocator``
+    implements them over the kernels' tables (``allocators._tables``),
+    ``numba_bfc.reference.ReferenceBFCAllocator`` over Python objects; a
+    class that misses one cannot be instantiated.
+    """
 
     def __init__(
         self,
@@ -398,27 +408,35 @@ class BFCBase(PooledAllocator):
 
     # ------------------------------------------------------------------ chunk store
     # Subclasses implement these; all are called with the lock held.
+    @abc.abstractmethod
     def _try_allocate(self, n: int, alignment: int, freed_before: int) -> int:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _add_region(self, ptr: int, size: int) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _deallocate_chunk(self, ptr: int, count: int) -> bool:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _lookup(self, ptr: int) -> tuple[int, int, int] | None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _has_timestamped(self) -> bool:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _merge_timestamped(self, required: int, frontier: int) -> bool:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _free_regions(self) -> list[tuple[object, int, int]]:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _remove_region(self, key) -> None:
         raise NotImplementedError
 
@@ -432,17 +450,22 @@ class BFCBase(PooledAllocator):
         c = self._counters()
         return c["bytes_in_use"], c["pool_bytes"]
 
+    @abc.abstractmethod
     def _counters(self) -> dict:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _clear_counters(self) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _largest_free(self) -> int:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _records(self) -> np.ndarray:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _region_list(self) -> list[tuple[int, int]]:
         raise NotImplementedError

@@ -12,6 +12,7 @@ Single stream: PyTorch's per-stream keys, events and graph pools do not apply.
 
 from __future__ import annotations
 
+import abc
 import collections
 import functools
 import sys
@@ -104,7 +105,14 @@ def allocation_size(size: int) -> int:
 
 
 class CachingBase(PooledAllocator):
-    """PyTorch caching-allocator semantics over an abstract block store."""
+    """PyTorch caching-allocator semantics over an abstract block store.
+
+    The block store is the contract: the abstract methods (rounding, finding a
+    block, adding, splitting and releasing segments, freeing, the stats array,
+    the records), all called with the lock held. ``CachingAllocator``
+    implements them over the kernels' tables, ``ReferenceCachingAllocator``
+    over Python objects.
+    """
 
     def __init__(self, backend, memory_limit=None, max_split_size=None,
                  roundup_power2_divisions=None, garbage_collection_threshold=None,
@@ -619,24 +627,30 @@ class CachingBase(PooledAllocator):
 
     # ------------------------------------------------------------------ block store
     # Subclasses implement these; all are called with the lock held.
+    @abc.abstractmethod
     def _round_size(self, n: int) -> int:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _find_block(self, n: int) -> int:
         """Best fit from the cache (``get_free_block`` + ``alloc_found_block``), or 0."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _add_segment(self, ptr: int, size: int, pool: int):
         """Record a new segment (updating segment stats); returns its key."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _take_from_segment(self, segment, n: int) -> int:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _release_segment(self, segment) -> tuple[int, int]:
         """Forget a free, unsplit segment (updating stats); returns ``(ptr, size)``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _free_block(self, ptr: int) -> int | None:
         raise NotImplementedError
 
@@ -645,29 +659,37 @@ class CachingBase(PooledAllocator):
         blocks = self._free_blocks(pool)
         return blocks["segment"][~blocks["split"]].tolist()
 
+    @abc.abstractmethod
     def _free_blocks(self, pool: int) -> np.ndarray:
         """The pool's free blocks as ``FREE_BLOCK_DTYPE``, in ``(size, ptr)`` order."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _lookup(self, ptr: int) -> tuple[int, int, int] | None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _stat_array(self) -> np.ndarray:
         """The live ``(NUM_STATS, 3, 4)`` statistics array."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _largest_alloc(self) -> int:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _set_largest_alloc(self, value: int) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _largest_free(self) -> int:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _records(self) -> np.ndarray:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _segment_list(self) -> list[tuple[int, int, int]]:
         """``[(base, size, pool), ...]`` in address order."""
         raise NotImplementedError

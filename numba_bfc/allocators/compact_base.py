@@ -29,6 +29,7 @@ store-specific hooks at the end of the class.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import math
 
@@ -51,7 +52,13 @@ def _round_up(n: int, quantum: int) -> int:
 
 
 class CompactGrowth:
-    """Mixin placed before a BFC implementation (``BFCBase`` subclass) in the bases."""
+    """Mixin placed before a BFC implementation (``BFCBase`` subclass) in the bases.
+
+    It adds the compact policy's growth and give-back to a BFC chunk store;
+    the store implements the abstract space and region hooks below
+    (``CompactAllocator`` over the tables, ``ReferenceCompactAllocator`` over
+    Python objects).
+    """
 
     def __init__(self, backend, memory_limit=None, page_size=None, release_threshold=None,
                  small_size=None, small_backend=None, name=None) -> None:
@@ -286,6 +293,7 @@ class CompactGrowth:
         self._space_backends[space].free(ptr, size)
 
     # ------------------------------------------------------------------ giving back
+    @abc.abstractmethod
     def _release_pending(self) -> bool:
         raise NotImplementedError
 
@@ -412,44 +420,55 @@ class CompactGrowth:
             return self._release_all_tails() + self._punch(ranges) > 0
 
     # ------------------------------------------------------------------ store hooks
+    @abc.abstractmethod
     def _configure_compact(self) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _tail_start(self, base: int, end: int) -> int:
         """Where the region's releasable free tail starts (``end`` if none)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _top_tail(self, space: int) -> tuple[int, int]:
         """(end, free tail bytes) of the space's highest region; (0, 0) without one."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _head_end(self, base: int) -> int:
         """Where the free head of the region at ``base`` ends (``base`` if none)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _space_regions(self, space: int) -> list[tuple[int, int]]:
         """``[(base, size), ...]`` of the space's regions in address order."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _punch_region(self, base: int, lo: int, hi: int, left_last_piece: int) -> None:
         """Cut ``[lo, hi)`` (inside one free chunk) out of the region at ``base``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _join_at(self, seam: int, space: int) -> bool:
         """Join the space's regions that end and start at ``seam``, if both
         exist; True if they did."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _mark_release_due(self, ptr: int) -> None:
         """Let the release rule decide on the region holding ``ptr`` once the
         operation under way is done."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _space_of(self, base: int) -> int:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _cut_region(self, base: int, new_end: int, last_piece: int) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _take_release_due(self) -> int | None:
         raise NotImplementedError
