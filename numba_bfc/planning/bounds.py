@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kernels as K
-from .records import as_records, record_dims
+from .records import RecordsLike, as_records, record_dims
 
 __all__ = ["calculate_task_profiles", "calculate_positional_maximums", "lower_bound"]
 
@@ -21,7 +21,7 @@ def _columns(records) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     )
 
 
-def calculate_task_profiles(records) -> list[np.ndarray]:
+def calculate_task_profiles(records: RecordsLike) -> list[np.ndarray]:
     """Records live at each task (TFLite ``CalculateTaskProfiles``).
 
     Returns one int64 array per task ``0..max(last)``: the indices of the
@@ -37,7 +37,7 @@ def calculate_task_profiles(records) -> list[np.ndarray]:
     return [idx[indptr[t] : indptr[t + 1]] for t in range(indptr.shape[0] - 1)]
 
 
-def calculate_positional_maximums(records) -> np.ndarray:
+def calculate_positional_maximums(records: RecordsLike) -> np.ndarray:
     """``PM[k]`` = the largest k-th biggest live size over all tasks.
 
     TFLite ``CalculatePositionalMaximums``; non-increasing in ``k``. Computed
@@ -51,7 +51,7 @@ def calculate_positional_maximums(records) -> np.ndarray:
     return K.positional_maximums(*_columns(records))
 
 
-def lower_bound(records, kind: str = "offsets", *, tight: bool = False,
+def lower_bound(records: RecordsLike, kind: str = "offsets", *, tight: bool = False,
                 time_limit: float = 60.0, node_limit: int = 200_000) -> int:
     """A lower bound on the memory any plan needs.
 

@@ -19,7 +19,7 @@ from typing import TextIO
 import numpy as np
 
 from ..errors import InputError, reading_file
-from .records import MAX_TOTAL_BYTES, make_records, records_from_half_open
+from .records import MAX_TOTAL_BYTES, RecordsLike, make_records, records_from_half_open
 
 __all__ = ["read_records", "parse_records", "write_records"]
 
@@ -141,7 +141,7 @@ def read_records(source: str | os.PathLike | TextIO) -> np.ndarray:
         return _parse(fh)
 
 
-def write_records(path: str | os.PathLike, records) -> None:
+def write_records(path: str | os.PathLike, records: RecordsLike) -> None:
     """Write 1-D records as ``size,first,last`` CSV."""
     from .records import as_records
 

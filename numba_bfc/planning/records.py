@@ -12,9 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
+
+#: Usage records: a structured array of ``RECORD_DTYPE``, or ``(size, first,
+#: last)`` rows (an ``(n, 3)`` integer array or a sequence of triples).
+RecordsLike = np.ndarray | Sequence[tuple[int, int, int]]
 
 __all__ = [
     "RECORD_DTYPE",
+    "RecordsLike",
     "make_records",
     "as_records",
     "records_from_half_open",
@@ -81,7 +87,7 @@ def _check(records: np.ndarray) -> np.ndarray:
     return records
 
 
-def make_records(sizes, firsts, lasts) -> np.ndarray:
+def make_records(sizes: ArrayLike, firsts: ArrayLike, lasts: ArrayLike) -> np.ndarray:
     """Build validated usage records from three columns.
 
     Parameters
@@ -130,7 +136,7 @@ def make_records(sizes, firsts, lasts) -> np.ndarray:
     return _check(out)
 
 
-def as_records(records) -> np.ndarray:
+def as_records(records: RecordsLike) -> np.ndarray:
     """Coerce records to a validated structured array.
 
     Accepts a structured array with ``size``/``first``/``last`` fields, an
@@ -171,7 +177,8 @@ def as_records(records) -> np.ndarray:
     return make_records(sizes, firsts, lasts)
 
 
-def records_from_half_open(sizes, lowers, uppers) -> np.ndarray:
+def records_from_half_open(sizes: ArrayLike, lowers: ArrayLike,
+                           uppers: ArrayLike) -> np.ndarray:
     """Records from half-open lifetimes ``[lower, upper)`` (MiniMalloc's convention).
 
     On integer times ``[lower, upper)`` is the closed ``[lower, upper - 1]``;

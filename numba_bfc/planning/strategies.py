@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _kernels as K
-from .records import MAX_TOTAL_BYTES, as_records, record_dims
+from .records import MAX_TOTAL_BYTES, RecordsLike, as_records, record_dims
 
 __all__ = [
     "STRATEGIES",
@@ -168,7 +168,7 @@ def _objects_sorted(name, sizes, firsts, lasts, graph):
 
 
 def assign_objects(
-    records,
+    records: RecordsLike,
     strategy: str = "greedy_by_size",
     reallocation_graph: Sequence[Sequence[int]] | None = None,
 ) -> ObjectsAssignment:
@@ -287,7 +287,7 @@ def _search(recs, time_limit, capacity, node_limit) -> OffsetsAssignment:
 
 
 def assign_offsets(
-    records, strategy: str = "greedy_by_size", alignment: int = 1, *,
+    records: RecordsLike, strategy: str = "greedy_by_size", alignment: int = 1, *,
     time_limit: float | None = None, capacity: int | None = None,
     node_limit: int | None = None,
 ) -> OffsetsAssignment:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kernels as K
-from .records import as_records
+from .records import RecordsLike, as_records
 from .strategies import ObjectsAssignment, OffsetsAssignment
 
 __all__ = ["validate", "is_valid"]
@@ -68,7 +68,7 @@ def _validate_offsets(recs: np.ndarray, a: OffsetsAssignment) -> None:
         raise ValueError(f"tensors {i} and {j} are live together and their bytes overlap")
 
 
-def validate(records, assignment: ObjectsAssignment | OffsetsAssignment) -> None:
+def validate(records: RecordsLike, assignment: ObjectsAssignment | OffsetsAssignment) -> None:
     """Raise ``ValueError`` unless ``assignment`` is a correct plan for ``records``.
 
     Correct means: every tensor fits (its object is at least as large in every
@@ -87,7 +87,7 @@ def validate(records, assignment: ObjectsAssignment | OffsetsAssignment) -> None
         )
 
 
-def is_valid(records, assignment: ObjectsAssignment | OffsetsAssignment) -> bool:
+def is_valid(records: RecordsLike, assignment: ObjectsAssignment | OffsetsAssignment) -> bool:
     """``True`` if :func:`validate` accepts the assignment."""
     try:
         validate(records, assignment)

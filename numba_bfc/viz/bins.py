@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 import numpy as np
 
 from ..allocators.bfc_base import MIN_ALLOCATION, NUM_BINS
@@ -13,7 +19,7 @@ from .memory_map import PADDING, REQUESTED
 _MIB = float(1 << 20)
 
 
-def plot_bin_occupancy(allocator, ax=None):
+def plot_bin_occupancy(allocator: Any, ax: Axes | None = None) -> Figure:
     """Bar chart of each size class (TF's bins: 256 B << k): bytes in use and free.
 
     Parameters

@@ -7,6 +7,16 @@ its task interval, with the lower bound no placement can beat.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from ..planning.records import RecordsLike
+    from ..planning.strategies import OffsetsAssignment
+    from ..traces import ReplayResult, Trace
+
 import numpy as np
 
 from ._mpl import pyplot
@@ -14,7 +24,7 @@ from ._mpl import pyplot
 _MIB = float(1 << 20)
 
 
-def plot_replay_lifetimes(trace, result, ax=None):
+def plot_replay_lifetimes(trace: Trace, result: ReplayResult, ax: Axes | None = None) -> Figure:
     """Blocks of a replay: x = event index (allocation to free), y = address.
 
     Parameters
@@ -54,7 +64,8 @@ def plot_replay_lifetimes(trace, result, ax=None):
     return fig
 
 
-def plot_plan(records, assignment, ax=None):
+def plot_plan(records: RecordsLike, assignment: OffsetsAssignment,
+              ax: Axes | None = None) -> Figure:
     """Tensors of an offsets plan: x = task interval, y = offset, with bounds.
 
     Parameters

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 import numpy as np
 
 from ._mpl import pyplot
@@ -12,7 +18,7 @@ PADDING = "#ff7f0e"  # rounding, alignment and unsplit waste of in-use chunks
 FREE_CMAP = "Greens"  # free chunks, darker for larger bins
 
 
-def plot_memory_map(allocator, ax=None, max_regions: int = 32):
+def plot_memory_map(allocator: Any, ax: Axes | None = None, max_regions: int = 32) -> Figure:
     """Draw every region of ``allocator`` as a horizontal band of its chunks.
 
     Parameters

@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from ..traces import ReplayResult
+
 from collections.abc import Sequence
 
 from ._mpl import pyplot
@@ -9,7 +19,7 @@ from ._mpl import pyplot
 _MIB = float(1 << 20)
 
 
-def plot_timeline(results, axes=None):
+def plot_timeline(results: Sequence[ReplayResult], axes: Sequence[Axes] | None = None) -> Figure:
     """Plot replay time series: one panel per trace, one line per policy.
 
     Parameters
