@@ -1,16 +1,19 @@
-"""Sphinx configuration: the manual (Markdown pages, MyST) and the API reference
-(autodoc with numpydoc) of numba_bfc. Build: ``sphinx-build -W -b html docs OUT``
+"""Sphinx configuration: the manual (Markdown pages, MyST), the notebooks and the
+API reference (autodoc with numpydoc) of numba_bfc. Build: ``sphinx-build -W -b html docs OUT``
 (``tests/test_docs.py`` builds it, warnings as errors)."""
 
 project = "numba_bfc"
 author = "numba_bfc developers"
 extensions = [
-    "myst_parser",
+    "myst_nb",  # MyST Markdown pages and the notebooks (docs/notebooks -> ../notebooks)
     "sphinx.ext.autodoc",
     "numpydoc",
 ]
-source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build"]
+source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
+exclude_patterns = ["_build", "notebooks/README.md"]
+# The notebooks are stored without outputs and run by tests/test_notebooks.py;
+# the manual shows their code and prose.
+nb_execution_mode = "off"
 root_doc = "index"
 myst_heading_anchors = 3
 # The manual's code blocks are checked by the tests, not highlighted strictly.

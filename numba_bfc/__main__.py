@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._cli import positive
+from .cli.common import positive
 
 _SUBCOMMANDS = {
-    "plan": ("numba_bfc.planning.cli", "plan tensor offsets offline (see 'plan --help')"),
-    "replay": ("numba_bfc.traces.cli", "replay traces through policies (see 'replay --help')"),
+    "plan": ("numba_bfc.cli.plan", "plan tensor offsets offline (see 'plan --help')"),
+    "replay": ("numba_bfc.cli.replay", "replay traces through policies (see 'replay --help')"),
 }
 
 

@@ -113,8 +113,8 @@ def _replay_part() -> None:
     """Bundled real traces through every policy: the comparison, the smallest
     workable memory limits, and the occupancy at a peak."""
     from .traces import Trace, make_allocator, min_limit, replay
-    from .traces.cli import format_min_limits, format_table
     from .traces.data import bundled_names, load_bundled
+    from .traces.tables import format_min_limits, format_table
 
     traces = [load_bundled(n) for n in bundled_names()]
     if not traces:  # a source checkout without the data files

@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from numba_bfc import InputError, TraceError
 from numba_bfc.__main__ import main as top_main
 from numba_bfc.backends import HostSubAllocator
+from numba_bfc.cli import replay as replay_cli
+from numba_bfc.cli.plan import main as plan_main
 from numba_bfc.planning import parse_records, read_records
 from numba_bfc.planning import search as planning_search
-from numba_bfc.planning.cli import main as plan_main
 from numba_bfc.planning.instances import gadget_instance
 from numba_bfc.traces import (
     MAX_LIMIT,
@@ -33,7 +34,6 @@ from numba_bfc.traces import (
     replay,
     torch_io,
 )
-from numba_bfc.traces import cli as replay_cli
 
 replay_module = importlib.import_module("numba_bfc.traces.replay")  # the name is a function too
 POLICIES = ["bfc", "caching", "compact"]

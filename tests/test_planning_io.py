@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from numba_bfc.cli.plan import main
 from numba_bfc.planning import (
     RECORD_DTYPE,
     as_records,
@@ -19,7 +20,6 @@ from numba_bfc.planning import (
     validate,
     write_records,
 )
-from numba_bfc.planning.cli import main
 
 DATA = Path(__file__).parent / "data" / "planning"
 COMPLEX = [(32, 0, 1), (32, 1, 4), (8, 2, 5), (16, 3, 5), (8, 4, 5),

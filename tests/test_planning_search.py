@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from numba_bfc.cli.plan import main as plan_main
 from numba_bfc.planning import assign_offsets, lower_bound, validate
-from numba_bfc.planning.cli import main as plan_main
 from numba_bfc.planning.instances import GADGET, cut_instance, gadget_instance
 
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from numba_bfc import BFCAllocator, CachingAllocator
 from numba_bfc.adaptors import LoggingAllocator
 from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.cli.replay import main as replay_main
 from numba_bfc.planning import validate
 from numba_bfc.traces import (
     SERIES_DTYPE,
@@ -22,7 +23,6 @@ from numba_bfc.traces import (
     read_trace,
     replay,
 )
-from numba_bfc.traces.cli import main as replay_main
 from numba_bfc.traces.data import bundled_names, load_bundled
 from numba_bfc.traces.synthetic import GENERATORS
 

@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 
-from .._cli import USER_ERRORS, byte_size, parse_args, positive, report_error
-from .bounds import lower_bound
-from .io import read_records
-from .strategies import STRATEGIES, assign_objects, assign_offsets
+from ..planning.bounds import lower_bound
+from ..planning.io import read_records
+from ..planning.strategies import STRATEGIES, assign_objects, assign_offsets
+from .common import USER_ERRORS, byte_size, parse_args, positive, report_error
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -9,11 +9,10 @@ import os
 import sys
 from typing import TextIO
 
-from .._cli import USER_ERRORS, byte_size, parse_args, report_error
 from ..errors import InputError
-from ..stats import format_bytes
-from .replay import POLICIES, MinLimit, ReplayResult, min_limit, replay
-from .trace import Trace, TraceError
+from ..traces import POLICIES, Trace, TraceError, min_limit, replay
+from ..traces.tables import format_min_limits, format_table
+from .common import USER_ERRORS, byte_size, parse_args, report_error
 
 _PROGRESS_MIN_EVENTS = 1 << 21  # below this a replay takes well under a second
 
@@ -23,11 +22,11 @@ def load_trace_arg(spec: str, clean: bool = True) -> Trace:
     ``synthetic:NAME`` (``numba_bfc.traces.synthetic.GENERATORS``)."""
     kind, _, name = spec.partition(":")
     if kind == "bundled" and name:
-        from .data import load_bundled
+        from ..traces.data import load_bundled
 
         return load_bundled(name)
     if kind == "synthetic" and name:
-        from .synthetic import GENERATORS
+        from ..traces.synthetic import GENERATORS
 
         if name not in GENERATORS:
             raise ValueError(f"unknown synthetic workload {name!r} "
@@ -75,52 +74,6 @@ def _progress_bar(label: str, stream: TextIO):
     return report
 
 
-def format_table(results: list[ReplayResult]) -> str:
-    """A plain-text table, one row per trace x policy."""
-    head = ("trace", "policy", "events", "peak requested", "peak in use", "peak reserved",
-            "reserved/req", "backend a/f", "OOMs", "Mevents/s")
-    rows = [head]
-    for r in results:
-        ratio = "-" if r.peak_requested_bytes == 0 else f"{r.reserved_ratio:.3f}"
-        rows.append((r.trace, r.policy, str(r.events), format_bytes(r.peak_requested_bytes),
-                     format_bytes(r.peak_in_use_bytes), format_bytes(r.peak_reserved_bytes),
-                     ratio, f"{r.backend_allocs}/{r.backend_frees}", str(r.ooms),
-                     f"{r.events_per_second / 1e6:.2f}"))
-    if any(r.offline_bytes for r in results):
-        rows[0] = rows[0] + ("offline plan", "online/offline")
-        for k, r in enumerate(results, start=1):
-            rows[k] = rows[k] + (format_bytes(r.offline_bytes or 0),
-                                 f"{r.online_overhead:.3f}" if r.online_overhead else "-")
-    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) if c < 2 else cell.rjust(w)
-                       for c, (cell, w) in enumerate(zip(row, widths))) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    for r in results:
-        if r.first_oom is not None:
-            o = r.first_oom
-            lines.append(f"{r.trace}/{r.policy}: first OOM at event {o.event} "
-                         f"({format_bytes(o.size)}, {o.reason}): {o.message}")
-    return "\n".join(lines)
-
-
-def format_min_limits(results: list[MinLimit]) -> str:
-    """A plain-text table of ``min_limit`` results, one row per trace x policy."""
-    rows = [("trace", "policy", "peak live", "min limit", "x peak", "unlimited reserved",
-             "x peak", "replays", "seconds")]
-    for m in results:
-        peak = m.peak_requested_bytes or 1
-        rows.append((m.trace, m.policy, format_bytes(m.peak_requested_bytes),
-                     format_bytes(m.limit), f"{m.limit / peak:.3f}",
-                     format_bytes(m.unlimited_reserved_bytes),
-                     f"{m.unlimited_reserved_bytes / peak:.3f}", str(m.replays),
-                     f"{m.seconds:.2f}"))
-    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) if c < 2 else cell.rjust(w)
-                       for c, (cell, w) in enumerate(zip(row, widths))) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def _load(spec: str, strict: bool) -> Trace:
     """A trace argument; errors say what to do in this command's flags."""
     try:
@@ -158,7 +111,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None,
             raise ValueError(f"--plot {args.plot}: no such directory")
         specs = args.traces
         if not specs:
-            from .data import bundled_names
+            from ..traces.data import bundled_names
 
             specs = [f"bundled:{n}" for n in bundled_names()]
         traces = [_load(s, args.strict) for s in specs]

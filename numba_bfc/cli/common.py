@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable
 from typing import TextIO
 
-from ._config import parse_size
+from .._config import parse_size
 
 #: Errors that mean "bad input" (``InputError`` and ``TraceError`` are
 #: ``ValueError`` subclasses; ``OSError``: a file that cannot be opened).
