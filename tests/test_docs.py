@@ -3,8 +3,9 @@
 ``docs/`` is a Sphinx site (MyST Markdown pages and an API reference from the
 docstrings); it must build with warnings as errors. Every ``python`` block of
 the README and of the pages runs (those starting ``# GPU only`` need a GPU and
-are only compiled), and where a block's top-level ``print(...)`` lines end in a
-``# comment``, the comments are the lines it must print.
+are only compiled). A block that ends in a ``# Prints:`` comment must print
+the comment lines after it; in a block without one, where the top-level
+``print(...)`` lines end in a ``# comment``, the comments are what it must print.
 """
 
 import re
@@ -26,9 +27,14 @@ def _blocks():
 
 
 def expected_output(code: str) -> list[str] | None:
-    """The lines the block must print: its top-level prints' comments, or None
-    when some print has none (or sits in a loop or function)."""
+    """The lines the block must print: the comment lines after a ``# Prints:``
+    line, else its top-level prints' comments, or None when some print has
+    none (or sits in a loop or function)."""
     lines = code.splitlines()
+    stripped = [line.strip() for line in lines]
+    if "# Prints:" in stripped:
+        tail = stripped[stripped.index("# Prints:") + 1:]
+        return [line[2:] if line.startswith("# ") else line[1:] for line in tail if line]
     prints = [line for line in lines if line.lstrip().startswith("print(")]
     if not prints or any(p != p.lstrip() for p in prints):
         return None
