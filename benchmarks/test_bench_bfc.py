@@ -14,7 +14,7 @@ import pytest
 from numba_bfc import BFCAllocator, CachingAllocator
 from numba_bfc.backends import VirtualSubAllocator
 from numba_bfc.demo import training_workload
-from numba_bfc.reference import ReferenceBFCAllocator, ReferenceCachingAllocator
+from numba_bfc.testing import ReferenceBFCAllocator, ReferenceCachingAllocator
 
 MiB = 1 << 20
 PAIRS = 2000  # alloc+free pairs per benchmark round

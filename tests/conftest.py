@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from numba_bfc import BFCAllocator, CachingAllocator
-from numba_bfc.reference import ReferenceBFCAllocator, ReferenceCachingAllocator
+from numba_bfc.testing import ReferenceBFCAllocator, ReferenceCachingAllocator
 
 settings.register_profile(
     "default", max_examples=60, deadline=None,

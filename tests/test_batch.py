@@ -5,7 +5,7 @@ import pytest
 
 from numba_bfc import BFCAllocator, InvalidPointerError, OutOfMemoryError
 from numba_bfc.backends import VirtualSubAllocator
-from numba_bfc.invariants import check_invariants
+from numba_bfc.testing.invariants import check_invariants
 
 MiB = 1 << 20
 

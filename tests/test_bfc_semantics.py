@@ -7,7 +7,7 @@ import pytest
 
 from numba_bfc import OutOfMemoryError, SharedCounter
 from numba_bfc.backends import VirtualSubAllocator
-from numba_bfc.invariants import check_invariants
+from numba_bfc.testing.invariants import check_invariants
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from numba_bfc import CachingAllocator, InvalidPointerError, OutOfMemoryError
 from numba_bfc.backends import VirtualSubAllocator
-from numba_bfc.invariants import check_invariants
-from numba_bfc.reference import ReferenceCachingAllocator
+from numba_bfc.testing import ReferenceCachingAllocator
+from numba_bfc.testing.invariants import check_invariants
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -6,7 +6,7 @@ import pytest
 from numba_bfc import BFCAllocator, OutOfMemoryError
 from numba_bfc.allocators._options import parse_roundup_divisions
 from numba_bfc.backends import HostSubAllocator, VirtualSubAllocator
-from numba_bfc.invariants import check_invariants
+from numba_bfc.testing.invariants import check_invariants
 
 KiB, MiB = 1 << 10, 1 << 20
 

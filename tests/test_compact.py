@@ -17,8 +17,8 @@ from numba_bfc import (
 )
 from numba_bfc.backends import HostSubAllocator, VirtualSubAllocator
 from numba_bfc.cli.replay import main as replay_main
-from numba_bfc.invariants import check_invariants
-from numba_bfc.reference import ReferenceBFCAllocator, ReferenceCompactAllocator
+from numba_bfc.testing import ReferenceBFCAllocator, ReferenceCompactAllocator
+from numba_bfc.testing.invariants import check_invariants
 from numba_bfc.traces import Trace, min_limit, replay
 from numba_bfc.traces.data import bundled_names, load_bundled
 from numba_bfc.traces.synthetic import GENERATORS

@@ -25,7 +25,7 @@ from numba_bfc.integrations.numba_emm import (  # noqa: E402
     CudaOutOfMemoryError,
     NumbaBFCMemoryManager,
 )
-from numba_bfc.invariants import check_invariants  # noqa: E402
+from numba_bfc.testing.invariants import check_invariants  # noqa: E402
 
 MiB = 1 << 20
 OOM = "CUDA_ERROR_OUT_OF_MEMORY"

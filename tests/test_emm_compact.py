@@ -18,7 +18,7 @@ from numba_bfc.integrations.numba_emm import (  # noqa: E402
     CudaOutOfMemoryError,
     NumbaBFCMemoryManager,
 )
-from numba_bfc.invariants import check_invariants  # noqa: E402
+from numba_bfc.testing.invariants import check_invariants  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 

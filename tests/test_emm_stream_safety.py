@@ -28,7 +28,7 @@ from numba_bfc.integrations.numba_emm import (  # noqa: E402
     NumbaBFCMemoryManager,
     use_numba_bfc,
 )
-from numba_bfc.invariants import check_invariants  # noqa: E402
+from numba_bfc.testing.invariants import check_invariants  # noqa: E402
 
 MiB = 1 << 20
 LEGACY, NON_BLOCKING_A, NON_BLOCKING_B, BLOCKING = 1, 0x5000, 0x6000, 0x7000

@@ -26,7 +26,7 @@ from numba_bfc.adaptors import (
 from numba_bfc.backends import HostSubAllocator
 from numba_bfc.framework import TrackingAllocator
 from numba_bfc.framework.host import HostAllocator
-from numba_bfc.invariants import check_invariants
+from numba_bfc.testing.invariants import check_invariants
 from numba_bfc.traces import read_rmm_log
 
 MiB = 1 << 20

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from numba_bfc.backends import HostSubAllocator
-from numba_bfc.invariants import check_invariants
+from numba_bfc.testing.invariants import check_invariants
 
 MiB = 1 << 20
 

@@ -19,8 +19,8 @@ from numba_bfc import (
     OutOfMemoryError,
 )
 from numba_bfc.backends import VirtualSubAllocator
-from numba_bfc.invariants import check_invariants
-from numba_bfc.reference import ReferenceBFCAllocator
+from numba_bfc.testing import ReferenceBFCAllocator
+from numba_bfc.testing.invariants import check_invariants
 from numba_bfc.traces import Trace, make_allocator, replay
 
 MiB = 1 << 20

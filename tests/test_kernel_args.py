@@ -26,7 +26,7 @@ import numpy as np
 from numba_bfc import OutOfMemoryError
 from numba_bfc.traces import make_allocator, min_limit, replay
 from numba_bfc.traces.synthetic import GENERATORS
-from numba_bfc.invariants import check_invariants
+from numba_bfc.testing.invariants import check_invariants
 
 rng = np.random.default_rng(0)
 for policy in ("bfc", "caching", "compact"):

@@ -18,8 +18,8 @@ import numba_bfc
 from numba_bfc import BFCAllocator, CachingAllocator, CompactAllocator
 from numba_bfc.allocators import _tables
 from numba_bfc.backends import VirtualSubAllocator
-from numba_bfc.invariants import check_invariants
 from numba_bfc.kernels import layout as L
+from numba_bfc.testing.invariants import check_invariants
 
 MiB = 1 << 20
 

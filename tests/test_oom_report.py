@@ -21,7 +21,7 @@ from numba_bfc import (
 )
 from numba_bfc.allocators import report as _report
 from numba_bfc.backends import VirtualSubAllocator
-from numba_bfc.reference import (
+from numba_bfc.testing import (
     ReferenceBFCAllocator,
     ReferenceCachingAllocator,
     ReferenceCompactAllocator,

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _NO_COMPILE = r"""
 import sys
-import numba_bfc, numba_bfc.backends, numba_bfc.reference, numba_bfc.invariants
+import numba_bfc, numba_bfc.backends, numba_bfc.testing, numba_bfc.testing.invariants
 import numba_bfc.planning, numba_bfc.demo
 from numba.core.registry import CPUDispatcher
 mods = [m for n, m in list(sys.modules.items()) if n.startswith("numba_bfc")]

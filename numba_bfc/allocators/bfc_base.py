@@ -79,7 +79,7 @@ class BFCBase(PooledAllocator):
     and region hooks, ``_counters``, ``_largest_free``, ``_records``,
     ``_region_list``), all called with the lock held. ``BFCAllocator``
     implements them over the kernels' tables (``allocators._tables``),
-    ``numba_bfc.reference.ReferenceBFCAllocator`` over Python objects; a
+    ``numba_bfc.testing.ReferenceBFCAllocator`` over Python objects; a
     class that misses one cannot be instantiated.
     """
 

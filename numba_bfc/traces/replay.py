@@ -22,7 +22,7 @@ from ..allocators import POLICIES as ALLOCATORS
 from ..backends import VirtualSubAllocator
 from ..errors import OutOfMemoryError
 from ..framework.validate import check_alignment
-from ..reference import ORACLES
+from ..testing import ORACLES
 from .trace import Trace
 
 __all__ = ["MAX_LIMIT", "POLICIES", "SERIES_DTYPE", "MinLimit", "OOMEvent", "ReplayResult",

@@ -57,7 +57,7 @@ def span(arr):
 def check_tables(ctx):
     mgr = ctx.memory_manager
     if mgr.policy in ("bfc", "compact"):
-        from numba_bfc.invariants import check_invariants
+        from numba_bfc.testing.invariants import check_invariants
 
         check_invariants(mgr.allocator)
 
@@ -322,7 +322,7 @@ def test_compact_defragmenting_retry_keeps_data():
     from numba import cuda
 
     import numba_bfc
-    from numba_bfc.invariants import check_invariants
+    from numba_bfc.testing.invariants import check_invariants
 
     with numba_bfc_context(policy="compact", backend="virtual", memory_limit=16 * MiB) as ctx:
         mgr = ctx.memory_manager

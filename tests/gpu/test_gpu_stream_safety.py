@@ -214,7 +214,7 @@ def test_churn_on_several_streams_keeps_every_byte(policy, backend, delay):
     pattern, the tables stay valid, and no queued write touches unmapped memory."""
     from numba import cuda
 
-    from numba_bfc.invariants import check_invariants
+    from numba_bfc.testing.invariants import check_invariants
 
     rng = np.random.default_rng(11)
     base = fake_counters() if FAKE_DEVICE else None

@@ -1,4 +1,6 @@
-"""Plain-Python reference allocators used as test oracles."""
+"""What the tests check numba_bfc against: a plain-Python reference allocator
+per policy (the oracles, ``ORACLES`` by policy name) and the table invariant
+checker (``numba_bfc.testing.invariants.check_invariants``)."""
 
 from .bfc import ReferenceBFCAllocator
 from .caching import ReferenceCachingAllocator

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .allocators.bfc_base import MIN_ALLOCATION, NUM_BINS
-from .allocators.caching_base import CachingBase
-from .allocators.compact_base import CompactGrowth
-from .allocators.report import bin_of
-from .kernels import layout as L
-from .policies import caching as C
+from ..allocators.bfc_base import MIN_ALLOCATION, NUM_BINS
+from ..allocators.caching_base import CachingBase
+from ..allocators.compact_base import CompactGrowth
+from ..allocators.report import bin_of
+from ..kernels import layout as L
+from ..policies import caching as C
 
 __all__ = ["InvariantError", "check_invariants"]
 
