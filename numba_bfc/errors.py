@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gzip
 import os
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -248,6 +246,9 @@ def reading_file(path: str | os.PathLike) -> Iterator[None]:
     decoding errors the standard library raises for a file that is not UTF-8
     or for corrupt or truncated gzip data. ``OSError``
     (no such file, ...) passes as it is."""
+    import gzip  # here: only readers need them, not every import of numba_bfc
+    import zlib
+
     where = os.fspath(path)
     try:
         yield

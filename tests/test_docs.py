@@ -50,7 +50,7 @@ def test_example_runs_and_prints_what_it_says(code, tmp_path):
     if code.startswith("# GPU only"):
         return
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600, env=None)
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     expected = expected_output(code)
     if expected is not None:

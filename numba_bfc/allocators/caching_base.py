@@ -225,23 +225,23 @@ class CachingBase(PooledAllocator):
 
     def memory_allocated(self) -> int:
         """``allocated_bytes.all.current``."""
-        with self._lock:
-            return int(self._stat_array()[ALLOCATED_BYTES, _ALL_POOLS, _CURRENT])
+        return self._aggregate(ALLOCATED_BYTES, _CURRENT)
 
     def max_memory_allocated(self) -> int:
         """``allocated_bytes.all.peak``."""
-        with self._lock:
-            return int(self._stat_array()[ALLOCATED_BYTES, _ALL_POOLS, _PEAK])
+        return self._aggregate(ALLOCATED_BYTES, _PEAK)
 
     def memory_reserved(self) -> int:
         """``reserved_bytes.all.current``."""
-        with self._lock:
-            return int(self._stat_array()[RESERVED_BYTES, _ALL_POOLS, _CURRENT])
+        return self._aggregate(RESERVED_BYTES, _CURRENT)
 
     def max_memory_reserved(self) -> int:
         """``reserved_bytes.all.peak``."""
+        return self._aggregate(RESERVED_BYTES, _PEAK)
+
+    def _aggregate(self, stat: int, field: int) -> int:
         with self._lock:
-            return int(self._stat_array()[RESERVED_BYTES, _ALL_POOLS, _PEAK])
+            return int(self._stat_array()[stat, _ALL_POOLS, field])
 
     def reset_peak_memory_stats(self) -> None:
         """Set every peak to its current value."""
@@ -401,7 +401,7 @@ class CachingBase(PooledAllocator):
     def _alloc_block(self, alloc_size: int, pool: int, is_retry: bool):
         if is_retry:
             self._events["num_alloc_retries"] += 1
-        reserved = int(self._stat_array()[RESERVED_BYTES, _ALL_POOLS, _CURRENT])
+        reserved = self._usage()[1]
         if self.memory_limit is not None and reserved + alloc_size > self.memory_limit:
             return None
         if reserved + alloc_size > MAX_INT64:
@@ -466,7 +466,7 @@ class CachingBase(PooledAllocator):
         large-pool blocks (by lookups since they were cached) until usage falls
         to ``threshold * limit``."""
         threshold = self.garbage_collection_threshold * self.memory_limit
-        reserved = int(self._stat_array()[RESERVED_BYTES, _ALL_POOLS, _CURRENT])
+        reserved = self._usage()[1]
         if reserved <= threshold:
             return
         target = reserved - threshold

@@ -6,6 +6,7 @@ import numpy as np
 
 from . import _kernels as K
 from .records import RecordsLike, as_records, record_dims
+from .search import BOUND_NODE_LIMIT, resolve_budget, window_lower_bound
 
 __all__ = ["calculate_task_profiles", "calculate_positional_maximums", "lower_bound"]
 
@@ -52,7 +53,7 @@ def calculate_positional_maximums(records: RecordsLike) -> np.ndarray:
 
 
 def lower_bound(records: RecordsLike, kind: str = "offsets", *, tight: bool = False,
-                time_limit: float = 60.0, node_limit: int = 200_000) -> int:
+                time_limit: float | None = None, node_limit: int | None = None) -> int:
     """A lower bound on the memory any plan needs.
 
     Parameters
@@ -68,7 +69,8 @@ def lower_bound(records: RecordsLike, kind: str = "offsets", *, tight: bool = Fa
         ``"offsets"`` only: raise the bound by exact searches on windows of
         consecutive time sections (the buffers live there, lifetimes clipped:
         a smaller instance whose optimum no plan of the whole can beat), for
-        up to ``node_limit`` search nodes: the same bound on every machine and
+        up to ``node_limit`` search nodes (default
+        ``search.BOUND_NODE_LIMIT``): the same bound on every machine and
         run, unless ``time_limit`` seconds, an outer cap, end it first
         (compilation comes before the clock starts). Never below the plain
         bound, never above the optimum.
@@ -87,18 +89,10 @@ def lower_bound(records: RecordsLike, kind: str = "offsets", *, tight: bool = Fa
         raise ValueError(f"kind must be 'offsets' or 'objects', got {kind!r}")
     if tight and kind != "offsets":
         raise ValueError("tight=True is for kind='offsets'")
-    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) \
-            or not time_limit > 0:
-        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+    time_limit, node_limit = resolve_budget(time_limit, node_limit, BOUND_NODE_LIMIT)
     cols = _columns(records)
     if kind == "offsets":
         if tight:
-            from .search import window_lower_bound
-
-            if isinstance(node_limit, bool) or not isinstance(node_limit, (int, np.integer)) \
-                    or node_limit < 1:
-                raise ValueError(f"node_limit must be a positive int, got {node_limit!r}")
-            return int(window_lower_bound(*cols, time_limit=float(time_limit),
-                                          node_limit=int(node_limit)))
+            return int(window_lower_bound(*cols, time_limit=time_limit, node_limit=node_limit))
         return int(K.max_live_bytes(*cols))
     return int(K.positional_maximums(*cols).sum())

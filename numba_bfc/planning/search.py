@@ -35,6 +35,8 @@ _BOUND_SHARE = 0.1  # of the node limit, for the tight lower bound
 DEFAULT_NODE_LIMIT = 2_000_000
 #: Seconds, an outer cap only: the node limit ends a search first on most machines.
 DEFAULT_TIME_LIMIT = 60.0
+#: Search nodes of the tight lower bound alone (``lower_bound(tight=True)``).
+BOUND_NODE_LIMIT = int(_BOUND_SHARE * DEFAULT_NODE_LIMIT)
 _MEMO_ENTRIES = 1 << 20  # per memo table (two uint64 arrays, zeroed pages only once used)
 
 
@@ -119,6 +121,21 @@ def _check_total(sizes) -> None:
                          f"less than 2**62")
 
 
+def resolve_budget(time_limit: float | None, node_limit: int | None,
+                   default_nodes: int = DEFAULT_NODE_LIMIT) -> tuple[float, int]:
+    """``(time_limit, node_limit)`` with the defaults filled in, or a
+    ``ValueError`` naming the one that is not a positive number."""
+    time_limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
+    node_limit = default_nodes if node_limit is None else node_limit
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) \
+            or not time_limit > 0:
+        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+    if isinstance(node_limit, bool) or not isinstance(node_limit, (int, np.integer)) \
+            or node_limit < 1:
+        raise ValueError(f"node_limit must be a positive int, got {node_limit!r}")
+    return float(time_limit), int(node_limit)
+
+
 _compiled = threading.Event()
 
 
@@ -140,7 +157,7 @@ def compile_kernels() -> float:
 
 def window_lower_bound(sizes, firsts, lasts, time_limit: float = DEFAULT_TIME_LIMIT,
                        per_window: int = _WINDOW_NODES, lower: int | None = None,
-                       node_limit: int = int(_BOUND_SHARE * DEFAULT_NODE_LIMIT)) -> int:
+                       node_limit: int = BOUND_NODE_LIMIT) -> int:
     """A lower bound on the arena size of every plan, at least max-live.
 
     Exact searches (``_search.window_bound``) on the buffers of windows of

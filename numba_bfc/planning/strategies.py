@@ -265,24 +265,16 @@ def objects_to_offsets(assignment: ObjectsAssignment) -> OffsetsAssignment:
 
 
 def _search(recs, time_limit, capacity, node_limit) -> OffsetsAssignment:
-    from .search import DEFAULT_NODE_LIMIT, DEFAULT_TIME_LIMIT, search_offsets
+    from .search import resolve_budget, search_offsets
 
-    time_limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
-    node_limit = DEFAULT_NODE_LIMIT if node_limit is None else node_limit
-    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) \
-            or not time_limit > 0:
-        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
-    if isinstance(node_limit, bool) or not isinstance(node_limit, (int, np.integer)) \
-            or node_limit < 1:
-        raise ValueError(f"node_limit must be a positive int, got {node_limit!r}")
+    time_limit, node_limit = resolve_budget(time_limit, node_limit)
     if capacity is not None:
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) \
                 or capacity < 0:
             raise ValueError(f"capacity must be a non-negative int, got {capacity!r}")
     offsets, total, stats = search_offsets(
         np.ascontiguousarray(recs["size"]), np.ascontiguousarray(recs["first"]),
-        np.ascontiguousarray(recs["last"]), float(time_limit), capacity,
-        node_limit=int(node_limit))
+        np.ascontiguousarray(recs["last"]), time_limit, capacity, node_limit=node_limit)
     return OffsetsAssignment(offsets, int(total), stats)
 
 
