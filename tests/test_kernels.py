@@ -4,12 +4,25 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numba import njit
 from sortedcontainers import SortedList
 
 from numba_bfc.kernels import layout as L
 from numba_bfc.kernels.chunks import bin_for_size, insert_free, new_row, remove_free
 from numba_bfc.kernels.ptrmap import map_insert, map_lookup, map_rehash, map_remove
-from numba_bfc.kernels.tree import tree_lower_bound, tree_max, tree_successor
+from numba_bfc.kernels.tree import (
+    ordered_set,
+    tree_insert,
+    tree_key_before,
+    tree_key_lower_bound,
+    tree_lower_bound,
+    tree_max,
+    tree_min,
+    tree_remove,
+    tree_successor,
+)
 
 
 def _in_order(chunks, bins, b):
@@ -52,6 +65,65 @@ def test_treap_matches_sorted_list(seed):
         assert got == expect
     top = tree_max(chunks, bins[0]["root"])
     assert (int(chunks[top]["size"]), int(chunks[top]["ptr"])) == model[-1]
+
+
+@njit(cache=True)
+def _apply_set_ops(nodes, pool, handles, k1, k2, insert):
+    # tree_insert/tree_remove have no Python wrapper: drive them from a kernel.
+    for i in range(handles.shape[0]):
+        h = handles[i]
+        if insert[i]:
+            nodes[h]["size"] = k1[i]
+            nodes[h]["ptr"] = k2[i]
+            tree_insert(nodes, pool, 0, h)
+        else:
+            tree_remove(nodes, pool, 0, h)
+
+
+_KEYS = st.tuples(st.integers(-3, 3), st.integers(-(2**62), 2**62))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), _KEYS), max_size=120), st.lists(_KEYS, max_size=20))
+def test_ordered_set_with_two_part_keys_matches_sorted_list(ops, queries):
+    # The planner's use of the allocators' treap: any int64 pairs as keys.
+    nodes, pool = ordered_set(len(ops))
+    model = SortedList()
+    where = {}
+    handles, k1, k2, insert = [], [], [], []
+    for row, (add, key) in enumerate(ops):
+        if add and key not in where:
+            where[key] = row
+            model.add(key)
+            handles.append(row)
+        elif not add and model:
+            key = model[len(model) // 2]
+            model.remove(key)
+            handles.append(where.pop(key))
+        else:
+            continue
+        k1.append(key[0])
+        k2.append(key[1])
+        insert.append(add and key in where)
+    _apply_set_ops(nodes, pool, np.array(handles, dtype=np.int64), np.array(k1, dtype=np.int64),
+                   np.array(k2, dtype=np.int64), np.array(insert, dtype=np.bool_))
+    assert pool[0]["num_chunks"] == len(model)
+    root = pool[0]["root"]
+    walk, h = [], tree_min(nodes, root)
+    while h != -1:
+        walk.append((int(nodes[h]["size"]), int(nodes[h]["ptr"])))
+        h = tree_successor(nodes, h)
+    assert walk == list(model)
+    for key in queries:
+        i = model.bisect_left(key)
+        at = tree_key_lower_bound(nodes, root, *key)
+        before = tree_key_before(nodes, root, *key)
+        assert (None if at == -1 else _key(nodes, at)) == (model[i] if i < len(model) else None)
+        assert (None if before == -1 else _key(nodes, before)) == (model[i - 1] if i else None)
+
+
+def _key(nodes, h):
+    return int(nodes[h]["size"]), int(nodes[h]["ptr"])
 
 
 def test_pointer_map_matches_dict():

@@ -7,6 +7,10 @@ heap on a pseudo-random priority) keeps that order with O(log n) expected
 insert, remove and lower-bound, with no memory beyond three links per chunk.
 Priorities are a hash of the chunk's address, so the tree's shape depends only
 on which chunks are free, not on the order operations happened in.
+
+The offline planner keeps its ordered sets in the same trees: any table with
+the chunk table's ``size``, ``ptr``, ``priority`` and link fields will do
+(``ordered_set`` makes one), with ``(size, ptr)`` read as a two-part key.
 """
 
 from __future__ import annotations
@@ -15,7 +19,22 @@ import numpy as np
 from numba import njit
 
 from .jit import helper, inner
-from .layout import NO_HANDLE
+from .layout import BIN_DTYPE, CHUNK_DTYPE, NO_HANDLE
+
+
+@njit(cache=True)
+def ordered_set(capacity):
+    """A node table of ``capacity`` rows and a one-bin table holding its empty set.
+
+    For ordered sets outside an allocator (the planner's pools): insert node
+    ``h`` under the key ``(k1, k2)`` by setting ``nodes[h]["size"] = k1`` and
+    ``nodes[h]["ptr"] = k2``, then ``tree_insert(nodes, pool, 0, h)``; the
+    root is ``pool[0]["root"]``.
+    """
+    nodes = np.empty(max(capacity, 1), dtype=CHUNK_DTYPE)
+    pool = np.zeros(1, dtype=BIN_DTYPE)
+    pool[0]["root"] = NO_HANDLE
+    return nodes, pool
 
 
 @njit(cache=True, inline="always")
@@ -167,4 +186,50 @@ def tree_max(chunks, root):
         return x
     while chunks[x]["right"] != NO_HANDLE:
         x = chunks[x]["right"]
+    return x
+
+
+@njit(cache=True, inline="always")
+def _key_below(chunks, a, size, ptr):
+    sa = chunks[a]["size"]
+    return sa < size or (sa == size and chunks[a]["ptr"] < ptr)
+
+
+@njit(cache=True, inline="always")
+def _key_bound(chunks, root, size, ptr, below):
+    # The last node seen on the side the bound lies: below or at-or-above the key.
+    best = NO_HANDLE
+    x = root
+    while x != NO_HANDLE:
+        if _key_below(chunks, x, size, ptr):
+            if below:
+                best = x
+            x = chunks[x]["right"]
+        else:
+            if not below:
+                best = x
+            x = chunks[x]["left"]
+    return best
+
+
+@helper
+def tree_key_lower_bound(chunks, root, size, ptr):
+    """First node in order with key ``>= (size, ptr)``, or -1."""
+    return _key_bound(chunks, root, size, ptr, False)
+
+
+@helper
+def tree_key_before(chunks, root, size, ptr):
+    """Last node in order with key ``< (size, ptr)``, or -1."""
+    return _key_bound(chunks, root, size, ptr, True)
+
+
+@helper
+def tree_min(chunks, root):
+    """First node in order (the smallest key), or -1."""
+    x = root
+    if x == NO_HANDLE:
+        return x
+    while chunks[x]["left"] != NO_HANDLE:
+        x = chunks[x]["left"]
     return x

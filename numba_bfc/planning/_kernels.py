@@ -9,7 +9,8 @@ Three small data structures are shared by the strategies:
 
 * a binary min-heap on ``(key1, key2)`` pairs (TFLite's ``QueueRecord``: the
   objects in use, ordered by ``(last_task, object_id)``);
-* a treap over node indices ``0..cap-1`` keyed by ``(hi, lo)`` pairs, giving
+* the allocators' treap (:mod:`numba_bfc.kernels.tree`) over node indices
+  ``0..n-1`` keyed by ``(size, ptr)`` pairs (here any two int64s), giving
   ``O(log n)`` expected insert, erase, lower bound and predecessor: it replaces
   TFLite's ``std::set`` pools and the per-object schedules;
 * a max segment tree over records sorted by ``first`` (only in the offsets
@@ -19,12 +20,19 @@ Three small data structures are shared by the strategies:
 import numpy as np
 from numba import njit
 
+from ..kernels.tree import (
+    ordered_set,
+    tree_insert,
+    tree_key_before,
+    tree_key_lower_bound,
+    tree_min,
+    tree_remove,
+    tree_successor,
+)
+
 # TFLite's ``kNotAssigned`` (max size_t) plays "infinity" for distances and
 # gaps; int64 max keeps every comparison the same for real inputs.
 INF = np.iinfo(np.int64).max
-
-# Row layout of the treap state array ``tr`` (shape (6, cap)).
-_L, _R, _P, _PRIO, _HI, _LO = 0, 1, 2, 3, 4, 5
 
 
 # --------------------------------------------------------------------------
@@ -74,155 +82,6 @@ def _heap_pop(h1, h2, n):
         else:
             break
     return n
-
-
-# --------------------------------------------------------------------------
-# Treap keyed by (hi, lo); nodes are caller-chosen indices 0..cap-1
-# --------------------------------------------------------------------------
-
-
-@njit(cache=True)
-def _treap_new(cap):
-    tr = np.full((6, max(cap, 1)), -1, dtype=np.int64)
-    # Priorities are a fixed hash of the node index (splitmix64): the shape of
-    # the tree never affects results, and a fixed hash keeps runs reproducible.
-    for i in range(cap):
-        z = np.uint64(i + 1) * np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-        tr[_PRIO, i] = np.int64(z >> np.uint64(1))
-    return tr
-
-
-@njit(cache=True)
-def _key_lt(tr, a, hi, lo):
-    """Is the key of node ``a`` smaller than ``(hi, lo)``?"""
-    return tr[_HI, a] < hi or (tr[_HI, a] == hi and tr[_LO, a] < lo)
-
-
-@njit(cache=True)
-def _rotate_up(tr, root, x):
-    p = tr[_P, x]
-    g = tr[_P, p]
-    if tr[_L, p] == x:
-        c = tr[_R, x]
-        tr[_L, p] = c
-        tr[_R, x] = p
-    else:
-        c = tr[_L, x]
-        tr[_R, p] = c
-        tr[_L, x] = p
-    if c != -1:
-        tr[_P, c] = p
-    tr[_P, p] = x
-    tr[_P, x] = g
-    if g == -1:
-        root[0] = x
-    elif tr[_L, g] == p:
-        tr[_L, g] = x
-    else:
-        tr[_R, g] = x
-
-
-@njit(cache=True)
-def _treap_insert(tr, root, x, hi, lo):
-    tr[_HI, x] = hi
-    tr[_LO, x] = lo
-    tr[_L, x] = -1
-    tr[_R, x] = -1
-    cur = root[0]
-    if cur == -1:
-        tr[_P, x] = -1
-        root[0] = x
-        return
-    while True:
-        if _key_lt(tr, x, tr[_HI, cur], tr[_LO, cur]):
-            if tr[_L, cur] == -1:
-                tr[_L, cur] = x
-                break
-            cur = tr[_L, cur]
-        else:
-            if tr[_R, cur] == -1:
-                tr[_R, cur] = x
-                break
-            cur = tr[_R, cur]
-    tr[_P, x] = cur
-    while tr[_P, x] != -1 and tr[_PRIO, x] < tr[_PRIO, tr[_P, x]]:
-        _rotate_up(tr, root, x)
-
-
-@njit(cache=True)
-def _treap_erase(tr, root, x):
-    # Rotate x down to a leaf, then unlink it.
-    while tr[_L, x] != -1 or tr[_R, x] != -1:
-        a = tr[_L, x]
-        b = tr[_R, x]
-        if a == -1 or (b != -1 and tr[_PRIO, b] < tr[_PRIO, a]):
-            _rotate_up(tr, root, b)
-        else:
-            _rotate_up(tr, root, a)
-    p = tr[_P, x]
-    if p == -1:
-        root[0] = -1
-    elif tr[_L, p] == x:
-        tr[_L, p] = -1
-    else:
-        tr[_R, p] = -1
-    tr[_P, x] = -1
-
-
-@njit(cache=True)
-def _treap_lower_bound(tr, root, hi, lo):
-    """Node with the smallest key ``>= (hi, lo)``, or -1."""
-    cur = root[0]
-    best = -1
-    while cur != -1:
-        if _key_lt(tr, cur, hi, lo):
-            cur = tr[_R, cur]
-        else:
-            best = cur
-            cur = tr[_L, cur]
-    return best
-
-
-@njit(cache=True)
-def _treap_before(tr, root, hi, lo):
-    """Node with the largest key ``< (hi, lo)``, or -1."""
-    cur = root[0]
-    best = -1
-    while cur != -1:
-        if _key_lt(tr, cur, hi, lo):
-            best = cur
-            cur = tr[_R, cur]
-        else:
-            cur = tr[_L, cur]
-    return best
-
-
-@njit(cache=True)
-def _treap_next(tr, x):
-    """In-order successor of node ``x``, or -1."""
-    if tr[_R, x] != -1:
-        x = tr[_R, x]
-        while tr[_L, x] != -1:
-            x = tr[_L, x]
-        return x
-    p = tr[_P, x]
-    while p != -1 and tr[_R, p] == x:
-        x = p
-        p = tr[_P, p]
-    return p
-
-
-@njit(cache=True)
-def _treap_first(tr, root):
-    x = root[0]
-    if x == -1:
-        return -1
-    while tr[_L, x] != -1:
-        x = tr[_L, x]
-    return x
 
 
 # --------------------------------------------------------------------------
@@ -419,8 +278,7 @@ def equality_lowest_id(keys, firsts, lasts):
     n = keys.shape[0]
     ids = np.empty(n, dtype=np.int64)
     creator = np.empty(n, dtype=np.int64)
-    tr = _treap_new(n)
-    root = np.full(1, -1, dtype=np.int64)
+    nodes, pool = ordered_set(n)
     h1 = np.empty(n, dtype=np.int64)
     h2 = np.empty(n, dtype=np.int64)
     nh = 0
@@ -429,14 +287,16 @@ def equality_lowest_id(keys, firsts, lasts):
         while nh > 0 and h1[0] < firsts[i]:
             o = h2[0]
             nh = _heap_pop(h1, h2, nh)
-            _treap_insert(tr, root, o, keys[creator[o]], o)
-        o = _treap_lower_bound(tr, root, keys[i], 0)
-        if o == -1 or tr[_HI, o] != keys[i]:
+            nodes[o]["size"] = keys[creator[o]]
+            nodes[o]["ptr"] = o
+            tree_insert(nodes, pool, 0, o)
+        o = tree_key_lower_bound(nodes, pool[0]["root"], keys[i], 0)
+        if o == -1 or nodes[o]["size"] != keys[i]:
             o = nobj
             creator[o] = i
             nobj += 1
         else:
-            _treap_erase(tr, root, o)
+            tree_remove(nodes, pool, 0, o)
         ids[i] = o
         nh = _heap_push(h1, h2, nh, lasts[i], o)
     return ids, creator[:nobj].copy()
@@ -457,8 +317,7 @@ def greedy_in_order(sizes, firsts, lasts, g_indptr, g_idx, use_graph):
     ids = np.empty(n, dtype=np.int64)
     osize = np.empty(n, dtype=np.int64)
     last_tensor = np.empty(n, dtype=np.int64)
-    tr = _treap_new(n)
-    root = np.full(1, -1, dtype=np.int64)
+    nodes, pool = ordered_set(n)
     h1 = np.empty(n, dtype=np.int64)
     h2 = np.empty(n, dtype=np.int64)
     nh = 0
@@ -468,12 +327,14 @@ def greedy_in_order(sizes, firsts, lasts, g_indptr, g_idx, use_graph):
         while nh > 0 and h1[0] < firsts[i]:
             o = h2[0]
             nh = _heap_pop(h1, h2, nh)
-            _treap_insert(tr, root, o, osize[o], o)
+            nodes[o]["size"] = osize[o]
+            nodes[o]["ptr"] = o
+            tree_insert(nodes, pool, 0, o)
         best = -1
-        if root[0] != -1:
+        if pool[0]["root"] != -1:
             if use_graph:
                 best_diff = INF
-                o = _treap_first(tr, root)
+                o = tree_min(nodes, pool[0]["root"])
                 while o != -1:
                     t = last_tensor[o]
                     row = g_idx[g_indptr[t] : g_indptr[t + 1]]
@@ -483,10 +344,10 @@ def greedy_in_order(sizes, firsts, lasts, g_indptr, g_idx, use_graph):
                         if d < best_diff:
                             best_diff = d
                             best = o
-                    o = _treap_next(tr, o)
+                    o = tree_successor(nodes, o)
             else:
-                a = _treap_lower_bound(tr, root, s, 0)
-                b = _treap_before(tr, root, s, 0)
+                a = tree_key_lower_bound(nodes, pool[0]["root"], s, 0)
+                b = tree_key_before(nodes, pool[0]["root"], s, 0)
                 best = a
                 if a == -1 or (b != -1 and s - osize[b] < osize[a] - s):
                     best = b
@@ -495,7 +356,7 @@ def greedy_in_order(sizes, firsts, lasts, g_indptr, g_idx, use_graph):
             osize[best] = s
             nobj += 1
         else:
-            _treap_erase(tr, root, best)
+            tree_remove(nodes, pool, 0, best)
             osize[best] = max(osize[best], s)
         ids[i] = best
         last_tensor[best] = i
@@ -585,8 +446,7 @@ def greedy_by_breadth(sizes, firsts, lasts):
             breadth[s] += sizes[idx[k]]
     # starts are ascending, so a stable sort on -breadth keeps lower tasks first
     visit = np.argsort(-breadth, kind="mergesort")
-    tr = _treap_new(n)
-    root = np.full(1, -1, dtype=np.int64)
+    nodes, pool = ordered_set(n)
     nobj = 0
     for v in range(m):
         s = visit[v]
@@ -605,11 +465,11 @@ def greedy_by_breadth(sizes, firsts, lasts):
                             continue
                     elif cs < size or cs >= bs:
                         continue
-                nxt = _treap_lower_bound(tr, root, o, firsts[r])
-                if nxt != -1 and tr[_HI, nxt] == o and firsts[nxt] <= lasts[r]:
+                nxt = tree_key_lower_bound(nodes, pool[0]["root"], o, firsts[r])
+                if nxt != -1 and nodes[nxt]["size"] == o and firsts[nxt] <= lasts[r]:
                     continue
-                prv = _treap_before(tr, root, o, firsts[r])
-                if prv != -1 and tr[_HI, prv] == o and lasts[prv] >= firsts[r]:
+                prv = tree_key_before(nodes, pool[0]["root"], o, firsts[r])
+                if prv != -1 and nodes[prv]["size"] == o and lasts[prv] >= firsts[r]:
                     continue
                 best = o
             if best == nobj:
@@ -618,7 +478,9 @@ def greedy_by_breadth(sizes, firsts, lasts):
             else:
                 osize[best] = max(osize[best], size)
             ids[r] = best
-            _treap_insert(tr, root, r, best, firsts[r])
+            nodes[r]["size"] = best
+            nodes[r]["ptr"] = firsts[r]
+            tree_insert(nodes, pool, 0, r)
     return ids, osize[:nobj].copy()
 
 
@@ -821,19 +683,13 @@ def best_fit_offsets(sizes, firsts, lasts, alignment, order):
 
 
 @njit(cache=True)
-def mincostflow(sizes, firsts, lasts):
-    """MINCOSTFLOW (TFLite ``MinCostFlowAssignment``), 64-bit costs.
+def _reuse_candidates(firsts, lasts):
+    """The records each tensor may take over: ``old[:nold_at[i]]`` for tensor ``i``.
 
-    Same graph, same edge insertion order and the same level-synchronous SPFA,
-    so equal-cost paths are broken the same way. O(n^2) edges; n augmentations
-    of an O(V * E) worst-case SPFA: O(n^4) worst, O(n^2) memory.
-    Returns ``(object_ids, object_sizes)``.
+    Tensors in order of ``first``; a record joins ``old`` once its last task is
+    before the current tensor's first, in order of ``(last, id)``.
     """
-    n = sizes.shape[0]
-    src = 2 * n
-    sink = 2 * n + 1
-    nv = 2 * n + 2
-    # pass 1: how many "reuse" edges (old records) each tensor gets
+    n = firsts.shape[0]
     h1 = np.empty(n, dtype=np.int64)
     h2 = np.empty(n, dtype=np.int64)
     old = np.empty(n, dtype=np.int64)
@@ -847,6 +703,19 @@ def mincostflow(sizes, firsts, lasts):
             nh = _heap_pop(h1, h2, nh)
         nh = _heap_push(h1, h2, nh, lasts[i], i)
         nold_at[i] = nold
+    return old, nold_at
+
+
+@njit(cache=True)
+def _flow_graph(sizes, old, nold_at):
+    """TFLite's flow graph, edges in its insertion order, each with its reverse at ``e ^ 1``.
+
+    Vertices: tensor ``i`` as ``i`` (left) and ``n + i`` (right), then the
+    source ``2n`` and the sink ``2n + 1``. Returns ``(from, to, capacity, cost)``.
+    """
+    n = sizes.shape[0]
+    src = 2 * n
+    sink = 2 * n + 1
     ne = 0
     for i in range(n):
         ne += 3 + nold_at[i]
@@ -873,61 +742,83 @@ def mincostflow(sizes, firsts, lasts):
             e_from[k], e_to[k], e_cap[k], e_cost[k] = a, b, 1, c
             e_from[k + 1], e_to[k + 1], e_cap[k + 1], e_cost[k + 1] = b, a, 0, -c
             k += 2
-    # adjacency in insertion order (stable counting sort by tail)
-    adj_ptr = np.zeros(nv + 1, dtype=np.int64)
+    return e_from, e_to, e_cap, e_cost
+
+
+@njit(cache=True)
+def _adjacency(e_from, num_vertices):
+    """Out-edges of every vertex in insertion order (a stable counting sort by tail)."""
+    ne = e_from.shape[0]
+    adj_ptr = np.zeros(num_vertices + 1, dtype=np.int64)
     for e in range(ne):
         adj_ptr[e_from[e] + 1] += 1
-    for v in range(nv):
+    for v in range(num_vertices):
         adj_ptr[v + 1] += adj_ptr[v]
     adj = np.empty(ne, dtype=np.int64)
-    fill = adj_ptr[:nv].copy()
+    fill = adj_ptr[:num_vertices].copy()
     for e in range(ne):
         adj[fill[e_from[e]]] = e
         fill[e_from[e]] += 1
+    return adj_ptr, adj
 
-    dist = np.empty(nv, dtype=np.int64)
-    last_it = np.empty(nv, dtype=np.int64)
-    prev_edge = np.zeros(nv, dtype=np.int64)
+
+@njit(cache=True)
+def _cheapest_paths(src, adj_ptr, adj, e_to, e_cap, e_cost, dist, prev_edge):
+    """Level-synchronous SPFA from ``src`` over edges with capacity left.
+
+    Fills ``dist`` (``INF`` where unreachable) and ``prev_edge`` (the edge each
+    vertex was last improved through), breaking equal costs as TFLite does.
+    """
+    nv = dist.shape[0]
+    last_it = np.zeros(nv, dtype=np.int64)
     cur_q = np.empty(nv, dtype=np.int64)
     next_q = np.empty(nv, dtype=np.int64)
-    while True:
-        dist[:] = INF
-        last_it[:] = 0
-        it = 1
-        cur_q[0] = src
-        ncur = 1
-        last_it[src] = it
-        dist[src] = 0
-        while ncur > 0:
-            it += 1
-            nnext = 0
-            for qi in range(ncur):
-                v = cur_q[qi]
-                for p in range(adj_ptr[v], adj_ptr[v + 1]):
-                    e = adj[p]
-                    if e_cap[e] > 0:
-                        u = e_to[e]
-                        nd = dist[v] + e_cost[e]
-                        if nd < dist[u]:
-                            dist[u] = nd
-                            prev_edge[u] = e
-                            if last_it[u] != it:
-                                next_q[nnext] = u
-                                nnext += 1
-                                last_it[u] = it
-            cur_q, next_q = next_q, cur_q
-            ncur = nnext
-        if dist[sink] == INF:
-            break
-        v = sink
-        while v != src:
-            e = prev_edge[v]
-            e_cap[e] -= 1
-            e_cap[e ^ 1] += 1
-            v = e_from[e]
+    dist[:] = INF
+    it = 1
+    cur_q[0] = src
+    ncur = 1
+    last_it[src] = it
+    dist[src] = 0
+    while ncur > 0:
+        it += 1
+        nnext = 0
+        for qi in range(ncur):
+            v = cur_q[qi]
+            for p in range(adj_ptr[v], adj_ptr[v + 1]):
+                e = adj[p]
+                if e_cap[e] > 0:
+                    u = e_to[e]
+                    nd = dist[v] + e_cost[e]
+                    if nd < dist[u]:
+                        dist[u] = nd
+                        prev_edge[u] = e
+                        if last_it[u] != it:
+                            next_q[nnext] = u
+                            nnext += 1
+                            last_it[u] = it
+        cur_q, next_q = next_q, cur_q
+        ncur = nnext
 
-    # Each tensor has at most one saturated "reuse" edge out, so an object is a
-    # chain: start at every saturated source -> right-twin edge, in order.
+
+@njit(cache=True)
+def _augment(src, sink, prev_edge, e_from, e_cap):
+    """Send one unit along the path ``prev_edge`` leads back from ``sink``."""
+    v = sink
+    while v != src:
+        e = prev_edge[v]
+        e_cap[e] -= 1
+        e_cap[e ^ 1] += 1
+        v = e_from[e]
+
+
+@njit(cache=True)
+def _objects_from_flow(sizes, src, adj_ptr, adj, e_to, e_cap):
+    """Read the objects off a maximum flow: ``(object_ids, object_sizes)``.
+
+    Each tensor has at most one saturated "reuse" edge out, so an object is a
+    chain: start at every saturated source -> right-twin edge, in order.
+    """
+    n = sizes.shape[0]
     ids = np.full(n, -1, dtype=np.int64)
     osize = np.empty(n, dtype=np.int64)
     nobj = 0
@@ -952,6 +843,31 @@ def mincostflow(sizes, firsts, lasts):
     return ids, osize[:nobj].copy()
 
 
+@njit(cache=True)
+def mincostflow(sizes, firsts, lasts):
+    """MINCOSTFLOW (TFLite ``MinCostFlowAssignment``), 64-bit costs.
+
+    Same graph, same edge insertion order and the same level-synchronous SPFA,
+    so equal-cost paths are broken the same way. O(n^2) edges; n augmentations
+    of an O(V * E) worst-case SPFA: O(n^4) worst, O(n^2) memory.
+    Returns ``(object_ids, object_sizes)``.
+    """
+    n = sizes.shape[0]
+    src = 2 * n
+    sink = 2 * n + 1
+    old, nold_at = _reuse_candidates(firsts, lasts)
+    e_from, e_to, e_cap, e_cost = _flow_graph(sizes, old, nold_at)
+    adj_ptr, adj = _adjacency(e_from, 2 * n + 2)
+    dist = np.empty(2 * n + 2, dtype=np.int64)
+    prev_edge = np.zeros(2 * n + 2, dtype=np.int64)
+    while True:
+        _cheapest_paths(src, adj_ptr, adj, e_to, e_cap, e_cost, dist, prev_edge)
+        if dist[sink] == INF:
+            break
+        _augment(src, sink, prev_edge, e_from, e_cap)
+    return _objects_from_flow(sizes, src, adj_ptr, adj, e_to, e_cap)
+
+
 # --------------------------------------------------------------------------
 # Validation
 # --------------------------------------------------------------------------
@@ -969,25 +885,26 @@ def offsets_conflict(sizes, firsts, lasts, offsets):
     by_first = np.argsort(firsts, kind="mergesort")
     by_last = np.argsort(lasts, kind="mergesort")
     inside = np.zeros(n, dtype=np.bool_)
-    tr = _treap_new(n)
-    root = np.full(1, -1, dtype=np.int64)
+    nodes, pool = ordered_set(n)
     pl = 0
     for k in range(n):
         i = by_first[k]
         while pl < n and lasts[by_last[pl]] < firsts[i]:
             j = by_last[pl]
             if inside[j]:
-                _treap_erase(tr, root, j)
+                tree_remove(nodes, pool, 0, j)
                 inside[j] = False
             pl += 1
         if sizes[i] == 0:
             continue
-        nxt = _treap_lower_bound(tr, root, offsets[i], i)
+        nxt = tree_key_lower_bound(nodes, pool[0]["root"], offsets[i], i)
         if nxt != -1 and offsets[nxt] < offsets[i] + sizes[i]:
             return i, nxt
-        prv = _treap_before(tr, root, offsets[i], i)
+        prv = tree_key_before(nodes, pool[0]["root"], offsets[i], i)
         if prv != -1 and offsets[prv] + sizes[prv] > offsets[i]:
             return i, prv
-        _treap_insert(tr, root, i, offsets[i], i)
+        nodes[i]["size"] = offsets[i]
+        nodes[i]["ptr"] = i
+        tree_insert(nodes, pool, 0, i)
         inside[i] = True
     return -1, -1

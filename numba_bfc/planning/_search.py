@@ -28,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..kernels.jit import inner
+
 FOUND = 1
 INFEASIBLE = 0
 BUDGET = -1  # the node budget (or the stack) ran out first
@@ -229,6 +231,176 @@ def fits(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
                      max_discrepancies, rules, t1, t2)
 
 
+# Salts of the two independent state hashes of the memo.
+_SALT1 = np.uint64(0x243F6A8885A308D3)
+_SALT2 = np.uint64(0x13198A2E03707344)
+_INF = np.int64(1) << 62
+
+# A frame's choice when it applied no branch, or raised its section's floor.
+_NONE = -1
+_RAISED = -2
+
+
+@njit(cache=True)
+def _section_loads(sizes, a, b, num_sections, capacity):
+    """``(fits, remaining)``: the bytes every section must hold, and whether each
+    buffer and each section's load fit in ``capacity`` at all."""
+    remaining = np.zeros(num_sections, dtype=np.int64)
+    for i in range(sizes.shape[0]):
+        if sizes[i] > capacity:
+            return False, remaining
+        for s in range(a[i], b[i]):
+            remaining[s] += sizes[i]
+    for s in range(num_sections):
+        if remaining[s] > capacity:
+            return False, remaining
+    return True, remaining
+
+
+@njit(cache=True)
+def _smallest_overlapping(sizes, a, b):
+    """The smallest buffer each one overlaps in time: what could first go under it."""
+    n = sizes.shape[0]
+    optr, oidx = _overlaps(a, b)
+    under = np.full(n, _INF, dtype=np.int64)
+    for i in range(n):
+        for x in range(optr[i], optr[i + 1]):
+            under[i] = min(under[i], sizes[oidx[x]])
+    return under
+
+
+@njit(cache=True)
+def _state_hashes(n, num_sections, use_memo):
+    """``(z1, z2, h1, h2)``: each buffer's hash contribution once placed, and the
+    hashes of the empty state (every floor and gap 0)."""
+    z1 = np.zeros(n if use_memo else 0, dtype=np.uint64)
+    z2 = np.zeros(n if use_memo else 0, dtype=np.uint64)
+    h1 = np.uint64(0)
+    h2 = np.uint64(0)
+    if use_memo:
+        for i in range(n):
+            z1[i] = _mix(np.uint64(i) + _SALT1 + np.uint64(0xA4093822299F31D0))
+            z2[i] = _mix(np.uint64(i) + _SALT2 + np.uint64(0x082EFA98EC4E6C89))
+        for t in range(num_sections):
+            h1 ^= _section_key(t, 0, 0, _SALT1)
+            h2 ^= _section_key(t, 0, 0, _SALT2)
+    return z1, z2, h1, h2
+
+
+@inner
+def _rehash_section(h1, h2, t, level, gap, new_level, new_gap):
+    """The state hashes once section ``t`` goes from ``(level, gap)`` to the new pair."""
+    h1 ^= _section_key(t, level, gap, _SALT1) ^ _section_key(t, new_level, new_gap, _SALT1)
+    h2 ^= _section_key(t, level, gap, _SALT2) ^ _section_key(t, new_level, new_gap, _SALT2)
+    return h1, h2
+
+
+@inner
+def _open_frame(stack, top, section, level, cursor, discrepancies, h1, h2):
+    f_section, f_level, f_cursor, f_choice, f_discrepancies, f_tried, f_h1, f_h2 = stack
+    f_section[top] = section
+    f_level[top] = level
+    f_cursor[top] = cursor
+    f_choice[top] = _NONE
+    f_discrepancies[top] = discrepancies
+    f_tried[top] = 0
+    f_h1[top] = h1 | np.uint64(1)  # never 0: 0 marks an empty memo slot
+    f_h2[top] = h2
+
+
+@inner
+def _take_back(choice, s, mark, undo, placed, floor, gap, remaining, key, tree, sizes, a, b):
+    """Undo a frame's branch: buffer ``choice`` placed, or section ``s`` raised."""
+    if choice >= 0:
+        placed[choice] = False
+        k = mark
+        for t in range(a[choice], b[choice]):
+            floor[t] = undo[k]
+            gap[t] = undo[k + 1]
+            remaining[t] += sizes[choice]
+            key[t] = floor[t]
+            k += 2
+        _refresh(tree, key, a[choice], b[choice])
+    else:
+        floor[s] = undo[mark]
+        key[s] = floor[s]
+        _refresh(tree, key, s, s + 1)
+
+
+@inner
+def _place(i, m, capacity, undo, undo_top, floor, gap, remaining, key, tree, sizes, a, b,
+           use_memo, h1, h2):
+    """Put buffer ``i`` at offset ``m``, saving the floors it covers.
+
+    Returns ``(undo_top, h1, h2, pruned)``; ``pruned``: a section under it now
+    has a floor plus bytes still to go above it past ``capacity``.
+    """
+    top_i = m + sizes[i]
+    pruned = False
+    for t in range(a[i], b[i]):
+        undo[undo_top] = floor[t]
+        undo[undo_top + 1] = gap[t]
+        undo_top += 2
+        if use_memo:
+            h1, h2 = _rehash_section(h1, h2, t, floor[t], gap[t], top_i, top_i)
+        floor[t] = top_i
+        gap[t] = top_i
+        remaining[t] -= sizes[i]
+        key[t] = top_i if remaining[t] > 0 else _INF
+        if top_i + remaining[t] > capacity:
+            pruned = True
+    _refresh(tree, key, a[i], b[i])
+    return undo_top, h1, h2, pruned
+
+
+@inner
+def _raise_level(s, m, ptr, cover, placed, floor, a, b, under):
+    """The lowest level any unplaced buffer covering section ``s`` could still rest
+    at: its resting offset if above ``m``, else ``m`` plus the smallest buffer it
+    overlaps (``_INF`` if none is left)."""
+    level = _INF
+    for x in range(ptr[s], ptr[s + 1]):
+        k = cover[x]
+        if placed[k]:
+            continue
+        r = _max_floor(floor, a[k], b[k])
+        level = min(level, r if r > m else m + under[k])
+    return level
+
+
+@inner
+def _drops_into_gap(s, ptr, cover, placed, floor, gap, sizes, a, b):
+    """Gap dominance: whether an unplaced buffer covering section ``s`` fits in the
+    empty space under every floor of its lifetime. It would be placed above that
+    space and could drop into it; plans where no buffer can move down suffice."""
+    for x in range(ptr[s], ptr[s + 1]):
+        k = cover[x]
+        if placed[k]:
+            continue
+        g = gap[a[k]]
+        f = floor[a[k]]
+        for t in range(a[k] + 1, b[k]):
+            g = max(g, gap[t])
+            f = min(f, floor[t])
+        if g + sizes[k] <= f:
+            return True
+    return False
+
+
+@inner
+def _starved_neighbour(left, right, height, capacity, floor, remaining, placed, a, b, ptr,
+                       cover):
+    """Tight neighbours: a section with no slack left must get a buffer resting right
+    on its floor. Beside a change that rose to ``height``, is section ``left`` or
+    ``right`` one whose every candidate now reaches over it?"""
+    for t in (left, right):
+        if 0 <= t < floor.shape[0] and remaining[t] > 0 \
+                and floor[t] + remaining[t] == capacity and floor[t] < height \
+                and not _can_rest(floor, placed, a, b, ptr, cover, t):
+            return True
+    return False
+
+
 @njit(cache=True)
 def fits_memo(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offsets,
               max_discrepancies, rules, t1, t2):
@@ -242,24 +414,12 @@ def fits_memo(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offse
     search skips the states in it.
     """
     n = sizes.shape[0]
-    inf = np.int64(1) << 62
+    fits_at_all, remaining = _section_loads(sizes, a, b, num_sections, capacity)
+    if not fits_at_all:
+        return INFEASIBLE, 0
     floor = np.zeros(num_sections, dtype=np.int64)
     gap = np.zeros(num_sections, dtype=np.int64)  # [gap[t], floor[t]) stays empty for good
-    remaining = np.zeros(num_sections, dtype=np.int64)
-    for i in range(n):
-        if sizes[i] > capacity:
-            return INFEASIBLE, 0
-        for s in range(a[i], b[i]):
-            remaining[s] += sizes[i]
-    for s in range(num_sections):
-        if remaining[s] > capacity:
-            return INFEASIBLE, 0
-    # The smallest buffer each one overlaps in time: what could first go under it.
-    optr, oidx = _overlaps(a, b)
-    under = np.full(n, inf, dtype=np.int64)
-    for i in range(n):
-        for x in range(optr[i], optr[i + 1]):
-            under[i] = min(under[i], sizes[oidx[x]])
+    under = _smallest_overlapping(sizes, a, b)
     placed = np.zeros(n, dtype=np.bool_)
     ptr, cover = _cover_lists(order, a, b, num_sections)
     limited = max_discrepancies >= 0
@@ -269,85 +429,56 @@ def fits_memo(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offse
     store = use_memo and not limited
     # Memo: two 64-bit hashes of the search state (placed set, floors, empty runs),
     # which alone decides a subtree; states whose subtree was exhausted are stored.
-    salt1 = np.uint64(0x243F6A8885A308D3)
-    salt2 = np.uint64(0x13198A2E03707344)
-    z1 = np.zeros(n if use_memo else 0, dtype=np.uint64)
-    z2 = np.zeros(n if use_memo else 0, dtype=np.uint64)
-    h1 = np.uint64(0)
-    h2 = np.uint64(0)
-    if use_memo:
-        for i in range(n):
-            z1[i] = _mix(np.uint64(i) + salt1 + np.uint64(0xA4093822299F31D0))
-            z2[i] = _mix(np.uint64(i) + salt2 + np.uint64(0x082EFA98EC4E6C89))
-        for t in range(num_sections):
-            h1 ^= _section_key(t, 0, 0, salt1)
-            h2 ^= _section_key(t, 0, 0, salt2)
+    z1, z2, h1, h2 = _state_hashes(n, num_sections, use_memo)
     # A path places n buffers and raises each section at most once per level.
     depth_cap = min(n + num_sections * (n + 1), n + (1 << 20)) + 64
-    f_sec = np.empty(depth_cap, dtype=np.int64)  # frame: its section
-    f_level = np.empty(depth_cap, dtype=np.int64)  # its floor level
+    # The search stack, one entry per frame:
+    f_section = np.empty(depth_cap, dtype=np.int64)  # the section it branches on
+    f_level = np.empty(depth_cap, dtype=np.int64)  # that section's floor when opened
     f_cursor = np.empty(depth_cap, dtype=np.int64)  # next cover entry to try
-    f_choice = np.empty(depth_cap, dtype=np.int64)  # applied: buffer, -2 raise, -1 none
+    f_choice = np.empty(depth_cap, dtype=np.int64)  # applied: a buffer, _RAISED or _NONE
     f_undo = np.empty(depth_cap, dtype=np.int64)  # start of its saved floors
-    f_disc = np.empty(depth_cap, dtype=np.int64)  # discrepancies on the path to it
+    f_discrepancies = np.empty(depth_cap, dtype=np.int64)  # on the path to it
     f_tried = np.empty(depth_cap, dtype=np.int64)  # branches it has applied so far
     f_h1 = np.empty(depth_cap, dtype=np.uint64)  # its state's hashes
     f_h2 = np.empty(depth_cap, dtype=np.uint64)
+    stack = (f_section, f_level, f_cursor, f_choice, f_discrepancies, f_tried, f_h1, f_h2)
     undo = np.empty(depth_cap + 2 * int((b - a).sum()) + 64, dtype=np.int64)
     undo_top = 0
     nodes = 0
     # The lowest floor among sections still to fill (leftmost on ties): an argmin
-    # tree over ``key`` (the floor, or inf once a section is full), updated per change.
+    # tree over ``key`` (the floor, or _INF once a section is full), updated per change.
     half = 1
     while half < num_sections:
         half *= 2
-    key = np.full(half, inf, dtype=np.int64)
+    key = np.full(half, _INF, dtype=np.int64)
     tree = np.zeros(2 * half, dtype=np.int64)
     for t in range(half):
         tree[half + t] = t
         if t < num_sections and remaining[t] > 0:
             key[t] = floor[t]
     _refresh(tree, key, 0, half)
-    s0 = tree[1] if key[tree[1]] < inf else -1
+    s0 = tree[1] if key[tree[1]] < _INF else -1
     if s0 < 0:
         return FOUND, 0
     top = 0
-    f_sec[0] = s0
-    f_level[0] = floor[s0]
-    f_cursor[0] = ptr[s0]
-    f_choice[0] = -1
+    _open_frame(stack, 0, s0, floor[s0], ptr[s0], 0, h1, h2)
     f_undo[0] = 0
-    f_disc[0] = 0
-    f_tried[0] = 0
-    f_h1[0] = h1 | np.uint64(1)
-    f_h2[0] = h2
     while top >= 0:
-        s = f_sec[top]
+        s = f_section[top]
         m = f_level[top]
-        # Take back the branch this frame applied last.
-        c = f_choice[top]
-        if c >= 0:
-            placed[c] = False
-            k = f_undo[top]
-            for t in range(a[c], b[c]):
-                floor[t] = undo[k]
-                gap[t] = undo[k + 1]
-                remaining[t] += sizes[c]
-                key[t] = floor[t]
-                k += 2
-            _refresh(tree, key, a[c], b[c])
+        choice = f_choice[top]
+        if choice != _NONE:
+            _take_back(choice, s, f_undo[top], undo, placed, floor, gap, remaining,
+                       key, tree, sizes, a, b)
             undo_top = f_undo[top]
-        elif c == -2:
-            floor[s] = undo[f_undo[top]]
-            key[s] = floor[s]
-            _refresh(tree, key, s, s + 1)
-            undo_top = f_undo[top]
-        f_choice[top] = -1
+        f_choice[top] = _NONE
         h1 = f_h1[top]
         h2 = f_h2[top]
         if nodes >= max_nodes:
             return BUDGET, nodes
-        if limited and f_tried[top] > 0 and f_disc[top] >= max_discrepancies:
+        if limited and f_tried[top] > 0 \
+                and f_discrepancies[top] >= max_discrepancies:
             top -= 1  # another branch here would be one discrepancy too many
             continue
         # Next branch: a buffer resting on this floor ...
@@ -362,23 +493,9 @@ def fits_memo(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offse
             if sizes[i] > capacity - m or not _rests_at(floor, a[i], b[i], m):
                 continue
             f_undo[top] = undo_top
-            top_i = m + sizes[i]
-            for t in range(a[i], b[i]):
-                undo[undo_top] = floor[t]
-                undo[undo_top + 1] = gap[t]
-                undo_top += 2
-                if use_memo:
-                    h1 ^= _section_key(t, floor[t], gap[t], salt1) ^ _section_key(
-                        t, top_i, top_i, salt1)
-                    h2 ^= _section_key(t, floor[t], gap[t], salt2) ^ _section_key(
-                        t, top_i, top_i, salt2)
-                floor[t] = top_i
-                gap[t] = top_i
-                remaining[t] -= sizes[i]
-                key[t] = top_i if remaining[t] > 0 else inf
-                if top_i + remaining[t] > capacity:
-                    pruned = True
-            _refresh(tree, key, a[i], b[i])
+            undo_top, h1, h2, pruned = _place(i, m, capacity, undo, undo_top, floor, gap,
+                                              remaining, key, tree, sizes, a, b, use_memo,
+                                              h1, h2)
             if use_memo:
                 h1 ^= z1[i]
                 h2 ^= z2[i]
@@ -388,72 +505,41 @@ def fits_memo(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offse
             applied = True
             nodes += 1
             if use_tight and not pruned:
-                # A section with no slack left must get a buffer resting right on its
-                # floor; next to i, one whose every candidate now reaches over i is dead.
-                for t in (a[i] - 1, b[i]):
-                    if 0 <= t < num_sections and remaining[t] > 0 \
-                            and floor[t] + remaining[t] == capacity and floor[t] < top_i \
-                            and not _can_rest(floor, placed, a, b, ptr, cover, t):
-                        pruned = True
+                pruned = _starved_neighbour(a[i] - 1, b[i], m + sizes[i], capacity, floor,
+                                            remaining, placed, a, b, ptr, cover)
             break
         if pruned:
             continue  # undone at the top of the next iteration
         # ... or nothing rests at m here: raise the floor to where something could.
         if not applied and f_cursor[top] == end:
             f_cursor[top] = end + 1  # once per frame
-            level = inf
-            for x in range(ptr[s], end):
-                k = cover[x]
-                if placed[k]:
-                    continue
-                r = _max_floor(floor, a[k], b[k])
-                level = min(level, r if r > m else m + under[k])
-            if level < inf and level + remaining[s] <= capacity:
+            level = _raise_level(s, m, ptr, cover, placed, floor, a, b, under)
+            if level < _INF and level + remaining[s] <= capacity:
                 f_undo[top] = undo_top
                 undo[undo_top] = floor[s]
                 undo_top += 1
                 if use_memo:
-                    h1 ^= _section_key(s, m, gap[s], salt1) ^ _section_key(
-                        s, level, gap[s], salt1)
-                    h2 ^= _section_key(s, m, gap[s], salt2) ^ _section_key(
-                        s, level, gap[s], salt2)
+                    h1, h2 = _rehash_section(h1, h2, s, m, gap[s], level, gap[s])
                 floor[s] = level
                 key[s] = level
                 _refresh(tree, key, s, s + 1)
-                f_choice[top] = -2
+                f_choice[top] = _RAISED
                 applied = True
                 nodes += 1
                 if use_gap:
-                    # Skip dominance: an unplaced buffer that fits in empty space under
-                    # every floor of its lifetime would be placed above it, and could
-                    # drop into it; plans where no buffer can move down suffice.
-                    for x in range(ptr[s], end):
-                        k = cover[x]
-                        if placed[k]:
-                            continue
-                        g = gap[a[k]]
-                        f = floor[a[k]]
-                        for t in range(a[k] + 1, b[k]):
-                            g = max(g, gap[t])
-                            f = min(f, floor[t])
-                        if g + sizes[k] <= f:
-                            pruned = True
-                            break
+                    pruned = _drops_into_gap(s, ptr, cover, placed, floor, gap, sizes, a, b)
                 if use_tight and not pruned:
-                    for t in (s - 1, s + 1):
-                        if 0 <= t < num_sections and remaining[t] > 0 \
-                                and floor[t] + remaining[t] == capacity and floor[t] < level \
-                                and not _can_rest(floor, placed, a, b, ptr, cover, t):
-                            pruned = True
+                    pruned = _starved_neighbour(s - 1, s + 1, level, capacity, floor,
+                                                remaining, placed, a, b, ptr, cover)
                 if pruned:
                     continue  # undone at the top of the next iteration
         if not applied:
-            if store:
-                _memo_store(t1, t2, f_h1[top], f_h2[top])  # its whole subtree failed
+            if store:  # its whole subtree failed
+                _memo_store(t1, t2, f_h1[top], f_h2[top])
             top -= 1  # every branch tried
             continue
         f_tried[top] += 1
-        nxt = tree[1] if key[tree[1]] < inf else -1
+        nxt = tree[1] if key[tree[1]] < _INF else -1
         if nxt < 0:
             return FOUND, nodes
         if use_memo and _memo_slot(t1, t2, h1 | np.uint64(1), h2) >= 0:
@@ -461,14 +547,9 @@ def fits_memo(sizes, a, b, num_sections, order, twin, capacity, max_nodes, offse
         if top + 1 >= depth_cap:
             return BUDGET, nodes
         top += 1
-        f_sec[top] = nxt
-        f_level[top] = floor[nxt]
-        f_cursor[top] = ptr[nxt]
-        f_choice[top] = -1
-        f_disc[top] = f_disc[top - 1] + (1 if f_tried[top - 1] > 1 else 0)
-        f_tried[top] = 0
-        f_h1[top] = h1 | np.uint64(1)
-        f_h2[top] = h2
+        discrepancies = f_discrepancies[top - 1] + (
+            1 if f_tried[top - 1] > 1 else 0)
+        _open_frame(stack, top, nxt, floor[nxt], ptr[nxt], discrepancies, h1, h2)
     return INFEASIBLE, nodes
 
 
