@@ -28,6 +28,8 @@ def python_loop(trace, allocator):
 
 def _rate(benchmark, trace):
     benchmark.extra_info["events"] = len(trace)
+    if benchmark.disabled:  # --benchmark-disable: one run, no timings to rate
+        return
     benchmark.extra_info["mevents_per_s"] = round(len(trace) / benchmark.stats["median"] / 1e6, 2)
 
 
