@@ -68,8 +68,10 @@ def test_treap_matches_sorted_list(seed):
 
 
 @njit(cache=True)
-def _apply_set_ops(nodes, pool, handles, k1, k2, insert):
-    # tree_insert/tree_remove have no Python wrapper: drive them from a kernel.
+def _exercise_ordered_set(capacity, handles, k1, k2, insert, q1, q2):
+    # Everything inside one kernel: tree_insert/tree_remove have no Python wrapper,
+    # and the tables (record arrays) never cross into Python.
+    nodes, pool = ordered_set(capacity)
     for i in range(handles.shape[0]):
         h = handles[i]
         if insert[i]:
@@ -78,6 +80,26 @@ def _apply_set_ops(nodes, pool, handles, k1, k2, insert):
             tree_insert(nodes, pool, 0, h)
         else:
             tree_remove(nodes, pool, 0, h)
+    root = pool[0]["root"]
+    walk = np.empty((pool[0]["num_chunks"], 2), dtype=np.int64)
+    h = tree_min(nodes, root)
+    k = 0
+    while h != -1 and k < walk.shape[0]:
+        walk[k, 0] = nodes[h]["size"]
+        walk[k, 1] = nodes[h]["ptr"]
+        k += 1
+        h = tree_successor(nodes, h)
+    ends_at = h  # -1 once the walk has seen every node
+    found = np.full((q1.shape[0], 2), -1, dtype=np.int64)  # rank in walk order, or -1
+    for q in range(q1.shape[0]):
+        at = tree_key_lower_bound(nodes, root, q1[q], q2[q])
+        before = tree_key_before(nodes, root, q1[q], q2[q])
+        for j, x in enumerate((at, before)):
+            if x != -1:
+                for r in range(walk.shape[0]):
+                    if walk[r, 0] == nodes[x]["size"] and walk[r, 1] == nodes[x]["ptr"]:
+                        found[q, j] = r
+    return walk, ends_at, found
 
 
 _KEYS = st.tuples(st.integers(-3, 3), st.integers(-(2**62), 2**62))
@@ -87,7 +109,6 @@ _KEYS = st.tuples(st.integers(-3, 3), st.integers(-(2**62), 2**62))
 @given(st.lists(st.tuples(st.booleans(), _KEYS), max_size=120), st.lists(_KEYS, max_size=20))
 def test_ordered_set_with_two_part_keys_matches_sorted_list(ops, queries):
     # The planner's use of the allocators' treap: any int64 pairs as keys.
-    nodes, pool = ordered_set(len(ops))
     model = SortedList()
     where = {}
     handles, k1, k2, insert = [], [], [], []
@@ -105,25 +126,16 @@ def test_ordered_set_with_two_part_keys_matches_sorted_list(ops, queries):
         k1.append(key[0])
         k2.append(key[1])
         insert.append(add and key in where)
-    _apply_set_ops(nodes, pool, np.array(handles, dtype=np.int64), np.array(k1, dtype=np.int64),
-                   np.array(k2, dtype=np.int64), np.array(insert, dtype=np.bool_))
-    assert pool[0]["num_chunks"] == len(model)
-    root = pool[0]["root"]
-    walk, h = [], tree_min(nodes, root)
-    while h != -1:
-        walk.append((int(nodes[h]["size"]), int(nodes[h]["ptr"])))
-        h = tree_successor(nodes, h)
-    assert walk == list(model)
-    for key in queries:
+    q = np.array(queries, dtype=np.int64).reshape(-1, 2)
+    walk, ends_at, found = _exercise_ordered_set(
+        len(ops), np.array(handles, dtype=np.int64), np.array(k1, dtype=np.int64),
+        np.array(k2, dtype=np.int64), np.array(insert, dtype=np.bool_),
+        q[:, 0].copy(), q[:, 1].copy())
+    assert [tuple(map(int, r)) for r in walk] == list(model) and ends_at == -1
+    for (at, before), key in zip(found.tolist(), queries):
         i = model.bisect_left(key)
-        at = tree_key_lower_bound(nodes, root, *key)
-        before = tree_key_before(nodes, root, *key)
-        assert (None if at == -1 else _key(nodes, at)) == (model[i] if i < len(model) else None)
-        assert (None if before == -1 else _key(nodes, before)) == (model[i - 1] if i else None)
-
-
-def _key(nodes, h):
-    return int(nodes[h]["size"]), int(nodes[h]["ptr"])
+        assert at == (i if i < len(model) else -1)
+        assert before == i - 1
 
 
 def test_pointer_map_matches_dict():
