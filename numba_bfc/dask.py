@@ -4,7 +4,7 @@ Needs the ``dask`` extra (``distributed``). Register the plugin once; Dask
 runs it on every worker present and on every worker that joins later::
 
     from distributed import Client
-    from numba_bfc.dask import NumbaBFCPlugin, cluster_stats
+    from numba_bfc.dask import NumbaBFCPlugin, cluster_stats, worker_status
 
     client = Client("tcp://scheduler:8786")
     client.register_plugin(NumbaBFCPlugin(policy="caching"))
