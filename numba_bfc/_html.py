@@ -23,6 +23,15 @@ def table(rows: list[tuple[str, str]], title: str = "") -> str:
     return f"<table>{cap}{body}</table>"
 
 
+def grid(header: list[str], rows: list[list[str]], title: str = "") -> str:
+    """A ``<table>`` with a header row, text cells, and an optional caption."""
+    cap = f"<caption style='text-align:left'><b>{escape(title)}</b></caption>" if title else ""
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table>{cap}<tr>{head}</tr>{body}</table>"
+
+
 def occupancy_svg(records: np.ndarray, regions: list[tuple[int, int]], width: int = 600,
                   height: int = 14) -> str:
     """Every region laid end to end as one strip: requested bytes blue, the

@@ -20,21 +20,35 @@ hand (``dask worker ...``) can be configured in their environment, with
 ``NUMBA_CUDA_MEMORY_MANAGER=numba_bfc`` alone selecting the pool. The plugin
 sets that variable on the worker too, for the processes the worker starts.
 A worker without a GPU (or without numba-cuda) keeps running; its status
-says why no pool is active.
+says why no pool is active. Where CuPy is installed, the plugin also makes
+CuPy allocate from the same pool (``cupy.cuda.set_allocator``).
+
+``sweep`` runs a trace-replay sweep (``numba_bfc.traces.sweep``) on the
+cluster: one Dask task per replay, each trace sent to every worker once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import json
 import os
+import uuid
 import warnings
-from typing import Any
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
 
 try:
+    import distributed
     from distributed import WorkerPlugin
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("numba_bfc.dask needs distributed: pip install 'numba_bfc[dask]'") from exc
 
+from ._html import grid
 from .allocators import POLICIES
+from .stats import format_bytes
+from .traces import MinLimit, ReplayResult, Trace, run_sweep_task, sweep_tasks
 
 _STATUS: dict[str, Any] = {"configured": False, "status": "numba_bfc plugin not run here"}
 # Stats fields summed over the cluster; the rest (peaks of different
@@ -102,8 +116,23 @@ def configure_process(conf: dict[str, Any]) -> dict[str, Any]:
     notes = [str(w.message) for w in caught]
     if not status["gpu"]:
         notes.append("no CUDA GPU on this worker: no pool is active")
+    status["cupy"] = status["gpu"] and _use_pool_for_cupy()
+    if status["cupy"]:
+        notes.append("CuPy allocates from the pool")
     status["status"] = "numba_bfc selected" + ("; " + "; ".join(notes) if notes else "")
     return _keep(status)
+
+
+def _use_pool_for_cupy() -> bool:
+    """Point CuPy's allocator at the pool when CuPy is installed; True if it was."""
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    import cupy
+
+    from .integrations.cupy import cupy_allocator
+
+    cupy.cuda.set_allocator(cupy_allocator)
+    return True
 
 
 def _keep(status: dict[str, Any]) -> dict[str, Any]:
@@ -117,37 +146,64 @@ def worker_status() -> dict[str, Any]:
     return dict(_STATUS)
 
 
-def local_stats() -> dict[int, dict[str, Any]]:
-    """Allocator statistics of this process's numba_bfc pools, by CUDA device id.
-
-    Empty where no CUDA context has a numba_bfc manager (no GPU, or no use yet).
-    """
+def _managers() -> dict[int, Any]:
+    """This process's numba_bfc memory managers, by CUDA device id."""
     try:
         from numba.cuda.cudadrv import driver
 
         from .integrations.numba_emm import NumbaBFCMemoryManager
     except ImportError:
         return {}
-    out: dict[int, dict[str, Any]] = {}
     if not driver.driver.is_available:
-        return out
+        return {}
+    out = {}
     for dev_id, dev in list(driver.driver.devices.items()):
         ctx = getattr(dev, "primary_context", None)
         mgr = getattr(ctx, "memory_manager", None)
         if isinstance(mgr, NumbaBFCMemoryManager):
-            out[int(dev_id)] = mgr.allocator.get_stats().to_dict()
+            out[int(dev_id)] = mgr
     return out
 
 
-def cluster_stats(client: Any) -> dict[str, Any]:
+def local_stats() -> dict[int, dict[str, Any]]:
+    """Allocator statistics of this process's numba_bfc pools, by CUDA device id:
+    ``AllocatorStats.to_dict()`` plus ``"policy"``.
+
+    Empty where no CUDA context has a numba_bfc manager (no GPU, or no use yet).
+    """
+    return {dev: {"policy": mgr.policy, **mgr.allocator.get_stats().to_dict()}
+            for dev, mgr in _managers().items()}
+
+
+class ClusterStats(dict):
+    """``cluster_stats``'s plain dict, shown in Jupyter as a table: one row per
+    worker and device, then the totals."""
+
+    def _repr_html_(self) -> str:
+        rows = [[address, str(device), stats["policy"], format_bytes(stats["bytes_in_use"]),
+                 format_bytes(stats["bytes_reserved"]), f"{stats['num_allocs']:,}"]
+                for address, per_device in sorted(self["workers"].items())
+                for device, stats in sorted(per_device.items())]
+        rows += [[address, "-", "no pool", "", "", ""]
+                 for address, per_device in sorted(self["workers"].items()) if not per_device]
+        totals = self["totals"]
+        rows.append([f"total ({len(self['workers'])} workers)", str(totals["devices"]), "",
+                     format_bytes(totals["bytes_in_use"]),
+                     format_bytes(totals["bytes_reserved"]), f"{totals['num_allocs']:,}"])
+        return grid(["worker", "device", "policy", "in use", "reserved", "allocations"], rows,
+                    "numba_bfc pools on the cluster")
+
+
+def cluster_stats(client: Any) -> ClusterStats:
     """Every worker's numba_bfc statistics (per device) and the cluster totals.
 
     Returns
     -------
-    dict
-        ``{"workers": {address: {device: stats}}, "totals": {field: sum}}``, with
-        the ``SUMMED_FIELDS`` summed over every worker and device, and
-        ``"devices"``, the number of pools counted.
+    ClusterStats
+        A dict: ``{"workers": {address: {device: stats}}, "totals": {field: sum}}``,
+        each ``stats`` as ``local_stats`` gives it, with the ``SUMMED_FIELDS``
+        summed over every worker and device, and ``"devices"``, the number of
+        pools counted. In Jupyter it shows as a table.
     """
     workers = client.run(local_stats)
     totals = dict.fromkeys(SUMMED_FIELDS, 0)
@@ -158,4 +214,87 @@ def cluster_stats(client: Any) -> dict[str, Any]:
             for field in SUMMED_FIELDS:
                 totals[field] += stats[field]
     totals["devices"] = devices
-    return {"workers": workers, "totals": totals}
+    return ClusterStats(workers=workers, totals=totals)
+
+
+def local_snapshot() -> dict[str, Any]:
+    """A JSON-ready snapshot of this process's numba_bfc pools, by device id:
+    each pool's ``policy``, ``stats`` and its memory, as PyTorch's
+    ``torch.cuda.memory._snapshot()`` for ``caching`` (``snapshot()``) and as TF's
+    memory map for ``bfc`` and ``compact`` (``memory_map()``)."""
+    devices = {}
+    for dev, mgr in _managers().items():
+        allocator = mgr.allocator
+        memory = (allocator.snapshot() if hasattr(allocator, "snapshot")
+                  else allocator.memory_map())
+        devices[str(dev)] = {"policy": mgr.policy, "stats": allocator.get_stats().to_dict(),
+                             "memory": memory}
+    return {"pid": os.getpid(), "devices": devices}
+
+
+def cluster_snapshots(client: Any, path: str | os.PathLike) -> list[Path]:
+    """Write one JSON snapshot per worker (``local_snapshot``) into the folder ``path``.
+
+    Files are named after the worker's address (``tcp://10.0.0.5:4021`` gives
+    ``10.0.0.5-4021.json``); the folder is made if missing.
+
+    Returns
+    -------
+    list of Path
+        The files written, in worker-address order.
+    """
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for address, snapshot in sorted(client.run(local_snapshot).items()):
+        name = address.split("://", 1)[-1].replace(":", "-").replace("/", "_")
+        target = folder / f"{name}.json"
+        target.write_text(json.dumps({"worker": address, **snapshot}, indent=1))
+        written.append(target)
+    return written
+
+
+def sweep(client: Any, traces: Sequence[Trace | str | os.PathLike],
+          policies: Iterable[str] = ("bfc", "caching"),
+          limits: Iterable[int | None] = (None,), *, min_limit: bool = False,
+          progress: bool | TextIO = False, **options: Any) -> list[ReplayResult | MinLimit]:
+    """``numba_bfc.traces.sweep`` on a Dask cluster: every replay a task.
+
+    Each trace is sent to every worker once (``client.scatter(...,
+    broadcast=True)``), so a worker that dies takes no trace with it: Dask
+    runs its unfinished tasks again on the others, and the sweep completes.
+    Replays are deterministic, so the results equal the local sweep's, in the
+    same order; only the timings (``seconds``, ``compile_seconds``) differ.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    traces, policies, limits, min_limit, **options
+        As for ``numba_bfc.traces.sweep``.
+    progress : bool or file
+        Show Dask's progress bar (a widget in Jupyter, text elsewhere); a file
+        gets the text bar instead of standard output.
+
+    Returns
+    -------
+    list of ReplayResult (or MinLimit)
+        One per ``sweep_tasks(traces, policies, limits, min_limit=min_limit)``, in its order.
+    """
+    traces = [t if isinstance(t, Trace) else Trace.read(t) for t in traces]
+    tasks = sweep_tasks(traces, policies, limits, min_limit=min_limit)
+    on_workers = client.scatter(traces, broadcast=True, hash=False)
+    run_id = uuid.uuid4().hex[:8]
+    kind = "min_limit" if min_limit else "replay"
+    futures = [client.submit(run_sweep_task, on_workers[task.trace], task, options,
+                             key=f"{kind}-{run_id}-{n}", pure=False)
+               for n, task in enumerate(tasks)]
+    if progress is True:
+        bar = distributed.progress(futures)  # a widget in Jupyter, else a text bar that waits
+        if bar is not None:
+            from IPython.display import display
+
+            display(bar)
+    elif progress:
+        with contextlib.redirect_stdout(progress):
+            distributed.progress(futures, notebook=False)
+    return client.gather(futures)

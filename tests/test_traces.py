@@ -20,8 +20,11 @@ from numba_bfc.traces import (
     TraceError,
     guess_format,
     make_allocator,
+    min_limit,
     read_trace,
     replay,
+    sweep,
+    sweep_tasks,
 )
 from numba_bfc.traces.data import bundled_names, load_bundled
 from numba_bfc.traces.synthetic import GENERATORS
@@ -382,6 +385,64 @@ def test_cli_errors(tmp_path):
     assert code == 2 and "event 0 frees id 1, which was never allocated" in err
     code, out, err = _cli(str(bad))
     assert code == 0 and "unknown_free: 1" in err
+
+
+def test_sweep_is_every_replay_in_trace_policy_limit_order():
+    traces = [small_trace(), GENERATORS["bursty"]()]
+    limits = [None, 20 * MIB, 4096]
+    results = sweep(traces, ["bfc", "compact"], limits)
+    assert [(r.trace, r.policy, r.limit) for r in results] == [
+        (t.name, p, lim) for t in traces for p in ("bfc", "compact") for lim in limits]
+    for r in results:
+        alone = replay(traces[0] if r.trace == traces[0].name else traces[1], r.policy,
+                       limit=r.limit)
+        assert (r.ooms, r.peak_reserved_bytes) == (alone.ooms, alone.peak_reserved_bytes)
+        assert r.addresses.tolist() == alone.addresses.tolist()
+    found = sweep(traces, ["caching"], min_limit=True)
+    assert [m.limit for m in found] == [min_limit(t, "caching").limit for t in traces]
+
+
+def test_sweep_refuses_bad_settings_before_replaying_anything():
+    t = small_trace()
+    with pytest.raises(ValueError, match="unknown policy 'tetris'"):
+        sweep([t], ["bfc", "tetris"])
+    with pytest.raises(ValueError, match="at least one trace"):
+        sweep([], ["bfc"])
+    with pytest.raises(ValueError, match="limits is empty"):
+        sweep([t], ["bfc"], [])
+    with pytest.raises(ValueError, match="from 1 to 2\\*\\*62 - 1"):
+        sweep([t], ["bfc"], [1 << 62])
+    with pytest.raises(ValueError, match="from 1 to"):
+        sweep([t], ["bfc"], [0])
+    with pytest.raises(TypeError, match="int or None, not float"):
+        sweep([t], ["bfc"], [1e9])
+    with pytest.raises(TypeError, match="int or None, not bool"):
+        sweep([t], ["bfc"], [True])
+    with pytest.raises(ValueError, match="min_limit finds the limit"):
+        sweep([t], ["bfc"], [MIB], min_limit=True)
+    with pytest.raises(TypeError, match="Trace objects, not dict"):
+        sweep_tasks([{}], ["bfc"])
+
+
+def test_cli_limits_sweep_has_a_limit_column():
+    code, out, _ = _cli("synthetic:bursty", "--policy", "bfc", "--limit", "1GiB,4KiB")
+    assert code == 0
+    head, _, first, second = out.splitlines()[:4]
+    assert head.split()[:3] == ["trace", "policy", "limit"]
+    assert first.split()[:3] == ["bursty(seed=0)", "bfc", "1.00GiB"]
+    assert second.split()[:3] == ["bursty(seed=0)", "bfc", "4.00KiB"]
+    assert "bursty(seed=0)/bfc at 4.00KiB: first OOM at event" in out
+    code, out, _ = _cli("synthetic:bursty", "--policy", "bfc", "--limit", "1GiB,4KiB", "--json")
+    assert [d["limit"] for d in json.loads(out)] == [1 << 30, 4096]
+
+
+def test_cli_scheduler_errors():
+    code, _, err = _cli("synthetic:bursty", "--scheduler", "local:0")
+    assert code == 2 and "expected local or local:N" in err
+    code, _, err = _cli("synthetic:bursty", "--scheduler", "local:two")
+    assert code == 2 and "expected local or local:N" in err
+    code, _, err = _cli("synthetic:bursty", "--limit", "1GiB,", "--no-progress")
+    assert code == 2 and "--limit" in err
 
 
 def test_cli_plot(tmp_path):

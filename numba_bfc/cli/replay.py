@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -10,7 +11,7 @@ import sys
 from typing import TextIO
 
 from ..errors import InputError
-from ..traces import POLICIES, Trace, TraceError, min_limit, replay
+from ..traces import POLICIES, Trace, TraceError, run_sweep_task, sweep_tasks
 from ..traces.tables import format_min_limits, format_table
 from .common import USER_ERRORS, byte_size, parse_args, report_error
 
@@ -46,9 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", "-p", default="bfc,caching",
                    help=f"comma-separated policies (default bfc,caching; known: "
                         f"{', '.join(POLICIES)})")
-    at_least_a_byte = "--limit must be at least 1 byte (leave it out for no limit)"
-    p.add_argument("--limit", "-l", type=byte_size(below_minimum=at_least_a_byte),
-                   help="memory limit, e.g. 16GiB or 512MiB (default: none)")
+    p.add_argument("--limit", "-l", type=_limits,
+                   help="memory limit, e.g. 16GiB or 512MiB, or several, comma-separated, "
+                        "to replay at each (default: none)")
     p.add_argument("--min-limit", action="store_true",
                    help="bisect the smallest memory limit each policy runs each trace at with "
                         "no OOM; report it in bytes and as a multiple of peak live bytes")
@@ -59,7 +60,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON (one object per replay)")
     p.add_argument("--plot", metavar="PNG", help="save a time-series plot (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run every replay as a task on a Dask cluster: a scheduler address "
+                        "(tcp://host:8786), or local[:N] for a LocalCluster of N worker "
+                        "processes (default N: the CPU count); needs numba_bfc[dask]")
     return p
+
+
+_at_least_a_byte = byte_size(
+    below_minimum="--limit must be at least 1 byte (leave it out for no limit)")
+
+
+def _limits(text: str) -> list[int]:
+    """``--limit``: one byte count or several, comma-separated."""
+    return [_at_least_a_byte(part.strip()) for part in text.split(",")]
 
 
 def _progress_bar(label: str, stream: TextIO):
@@ -109,40 +123,42 @@ def main(argv: list[str] | None = None, out: TextIO | None = None,
             raise ValueError("--plot needs matplotlib: pip install 'numba_bfc[viz]'")
         if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
             raise ValueError(f"--plot {args.plot}: no such directory")
+        scheduler = _scheduler(args.scheduler) if args.scheduler is not None else None
         specs = args.traces
         if not specs:
             from ..traces.data import bundled_names
 
             specs = [f"bundled:{n}" for n in bundled_names()]
         traces = [_load(s, args.strict) for s in specs]
-        if args.min_limit:
-            found = [min_limit(trace, policy) for trace in traces for policy in policies]
-            if args.json:
-                json.dump([m.to_dict() for m in found], out, indent=2)
-                out.write("\n")
-            else:
-                out.write(format_min_limits(found) + "\n")
-            return 0
-        results = []
         for trace in traces:
-            if trace.dropped:
+            if trace.dropped and not args.min_limit:
                 dropped = ", ".join(f"{k}: {v}" for k, v in sorted(trace.dropped.items()))
                 err.write(f"{trace.name}: dropped events that cannot be replayed ({dropped})\n")
-            for policy in policies:
-                show = not args.no_progress and len(trace) >= _PROGRESS_MIN_EVENTS
-                progress = _progress_bar(f"{trace.name}/{policy}", err) if show else None
-                results.append(replay(trace, policy, limit=args.limit, offline=args.offline,
-                                      progress=progress))
+        tasks = sweep_tasks(traces, policies, args.limit or [None], min_limit=args.min_limit)
+        options = {} if args.min_limit else {"offline": args.offline}
+        if scheduler is not None:
+            results = _run_on_dask(scheduler, traces, policies, args, options, err)
+        else:
+            results = []
+            for task in tasks:
+                trace = traces[task.trace]
+                show = (not args.no_progress and not task.min_limit
+                        and len(trace) >= _PROGRESS_MIN_EVENTS)
+                progress = ({"progress": _progress_bar(f"{trace.name}/{task.policy}", err)}
+                            if show else {})
+                results.append(run_sweep_task(trace, task, {**options, **progress}))
         if args.json:
             json.dump([r.to_dict() for r in results], out, indent=2)
             out.write("\n")
+        elif args.min_limit:
+            out.write(format_min_limits(results) + "\n")
         else:
             out.write(format_table(results) + "\n")
             compiling = sum(r.compile_seconds for r in results)
             if compiling >= 0.05:
                 out.write(f"(before timing, {compiling:.2f} s went to compiling or loading "
                           "the kernels: not in Mevents/s)\n")
-        if args.plot:
+        if args.plot and not args.min_limit:
             from ..viz import plot_timeline
 
             fig = plot_timeline(results)
@@ -151,3 +167,44 @@ def main(argv: list[str] | None = None, out: TextIO | None = None,
     except USER_ERRORS as e:
         return report_error("replay", e, err)
     return 0
+
+
+def _scheduler(spec: str) -> tuple[str, int | None]:
+    """``--scheduler``: ``("local", workers)`` or ``(address, None)``."""
+    if importlib.util.find_spec("distributed") is None:
+        raise ValueError("--scheduler needs distributed: pip install 'numba_bfc[dask]'")
+    kind, colon, count = spec.partition(":")
+    if kind == "local":
+        if not colon:
+            return "local", os.cpu_count() or 1
+        if not count.isdigit() or not 1 <= int(count) <= 1024:
+            raise ValueError(f"--scheduler {spec}: expected local or local:N with N "
+                             "from 1 to 1024 worker processes")
+        return "local", int(count)
+    if not spec.strip():
+        raise ValueError("--scheduler: give a scheduler address (tcp://host:8786) or local[:N]")
+    return spec, None
+
+
+def _run_on_dask(scheduler: tuple[str, int | None], traces: list[Trace], policies: list[str],
+                 args: argparse.Namespace, options: dict, err: TextIO) -> list:
+    """The sweep's tasks on the Dask cluster ``--scheduler`` names."""
+    import distributed
+
+    from ..dask import sweep as dask_sweep
+
+    address, workers = scheduler
+    with contextlib.ExitStack() as stack:
+        if address == "local":
+            cluster = stack.enter_context(distributed.LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=True,
+                dashboard_address=":0"))
+            address = cluster.scheduler_address
+        try:
+            client = stack.enter_context(distributed.Client(address, timeout="10s"))
+        except (OSError, TimeoutError) as e:
+            raise ValueError(f"--scheduler {args.scheduler}: cannot reach the scheduler "
+                             f"({e})") from None
+        return dask_sweep(client, traces, policies, args.limit or [None],
+                          min_limit=args.min_limit,
+                          progress=False if args.no_progress else err, **options)

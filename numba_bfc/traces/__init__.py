@@ -33,6 +33,7 @@ from .rmm_log import (
 from .rmm_log import (
     EVENT_DTYPE as RMM_EVENT_DTYPE,
 )
+from .sweep import SweepTask, run_sweep_task, sweep, sweep_tasks
 from .torch_io import assign_ids, capture_torch
 from .trace import (
     EVENT_DTYPE,
@@ -59,6 +60,7 @@ __all__ = [
     "RmmLogEvent",
     "RmmLogWriter",
     "SERIES_DTYPE",
+    "SweepTask",
     "Trace",
     "TraceError",
     "TraceRecorder",
@@ -72,6 +74,9 @@ __all__ = [
     "read_rmm_log",
     "read_trace",
     "replay",
+    "run_sweep_task",
+    "sweep",
+    "sweep_tasks",
     "write_rmm_log",
     "write_trace",
 ]

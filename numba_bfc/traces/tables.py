@@ -9,7 +9,8 @@ __all__ = ["format_min_limits", "format_table"]
 
 
 def format_table(results: list[ReplayResult]) -> str:
-    """A plain-text table, one row per trace x policy."""
+    """A plain-text table, one row per trace x policy (x limit, with a limit column
+    when the results have different limits)."""
     head = ("trace", "policy", "events", "peak requested", "peak in use", "peak reserved",
             "reserved/req", "backend a/f", "OOMs", "Mevents/s")
     rows = [head]
@@ -24,16 +25,32 @@ def format_table(results: list[ReplayResult]) -> str:
         for k, r in enumerate(results, start=1):
             rows[k] = rows[k] + (format_bytes(r.offline_bytes or 0),
                                  f"{r.online_overhead:.3f}" if r.online_overhead else "-")
+    limits = {r.limit for r in results}
+    if len(limits) > 1:  # a sweep over limits: say which row is which
+        rows[0] = rows[0][:2] + ("limit",) + rows[0][2:]
+        for k, r in enumerate(results, start=1):
+            rows[k] = rows[k][:2] + (_limit(r.limit),) + rows[k][2:]
+    lines = _layout(rows)
+    for r in results:
+        if r.first_oom is not None:
+            o = r.first_oom
+            at = f" at {_limit(r.limit)}" if len(limits) > 1 else ""
+            lines.append(f"{r.trace}/{r.policy}{at}: first OOM at event {o.event} "
+                         f"({format_bytes(o.size)}, {o.reason}): {o.message}")
+    return "\n".join(lines)
+
+
+def _limit(limit: int | None) -> str:
+    return "none" if limit is None else format_bytes(limit)
+
+
+def _layout(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows as aligned lines (the first two columns left, the rest right), a rule under the head."""
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) if c < 2 else cell.rjust(w)
                        for c, (cell, w) in enumerate(zip(row, widths))) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    for r in results:
-        if r.first_oom is not None:
-            o = r.first_oom
-            lines.append(f"{r.trace}/{r.policy}: first OOM at event {o.event} "
-                         f"({format_bytes(o.size)}, {o.reason}): {o.message}")
-    return "\n".join(lines)
+    return lines
 
 
 def format_min_limits(results: list[MinLimit]) -> str:
@@ -47,8 +64,4 @@ def format_min_limits(results: list[MinLimit]) -> str:
                      format_bytes(m.unlimited_reserved_bytes),
                      f"{m.unlimited_reserved_bytes / peak:.3f}", str(m.replays),
                      f"{m.seconds:.2f}"))
-    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) if c < 2 else cell.rjust(w)
-                       for c, (cell, w) in enumerate(zip(row, widths))) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(_layout(rows))
