@@ -1,4 +1,5 @@
-"""Command line: ``numba-bfc demo``, ``numba-bfc replay FILE...``, ``numba-bfc plan FILE``."""
+"""Command line: ``numba-bfc demo``, ``numba-bfc replay FILE...``, ``numba-bfc plan FILE``,
+``numba-bfc tune FILE``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from .cli.common import positive
 _SUBCOMMANDS = {
     "plan": ("numba_bfc.cli.plan", "plan tensor offsets offline (see 'plan --help')"),
     "replay": ("numba_bfc.cli.replay", "replay traces through policies (see 'replay --help')"),
+    "tune": ("numba_bfc.cli.tune", "recommend PyTorch allocator settings for a recorded run "
+                                   "(see 'tune --help')"),
 }
 
 

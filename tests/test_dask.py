@@ -131,6 +131,17 @@ def test_cli_scheduler_gives_the_local_results_in_the_same_order(client):
     assert code == 2 and "cannot reach the scheduler" in err
 
 
+def test_tune_on_the_cluster_equals_the_local_tune(client):
+    from numba_bfc.tune import tune
+
+    trace = load_bundled("lstm_train")
+    here = tune(trace, knobs=("max_split_size_mb", "roundup_power2_divisions"))
+    there = tune(trace, knobs=("max_split_size_mb", "roundup_power2_divisions"), client=client)
+    assert there.best == here.best and there.defaults == here.defaults
+    assert there.candidates == here.candidates and there.baselines == here.baselines
+    assert there.conf == here.conf != "PYTORCH_CUDA_ALLOC_CONF="
+
+
 async def _die():
     os._exit(1)  # the worker process ends at once, its running replay with it
 

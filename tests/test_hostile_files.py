@@ -277,7 +277,7 @@ def test_plot_without_matplotlib_fails_before_any_replay(monkeypatch, tmp_path):
     monkeypatch.setattr(replay_cli.importlib.util, "find_spec",
                         lambda name, *a: None if name == "matplotlib" else real(name, *a))
     calls = []
-    monkeypatch.setattr(replay_cli, "replay", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(replay_cli, "run_sweep_task", lambda *a, **k: calls.append(a))
     code, out, err = _replay_cli("synthetic:bursty", "--plot", str(tmp_path / "p.png"))
     assert code == 2 and out == "" and calls == []
     assert "--plot needs matplotlib" in _one_error_line(err, "replay")

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
+import os
 from collections.abc import Callable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from .._config import parse_size
+
+if TYPE_CHECKING:  # the traces (and Numba) load only when a command reads one
+    from ..traces import Trace
 
 #: Errors that mean "bad input" (``InputError`` and ``TraceError`` are
 #: ``ValueError`` subclasses; ``OSError``: a file that cannot be opened).
@@ -77,3 +82,92 @@ def positive(kind: type) -> Callable[[str], int | float]:
         return value
 
     return parse
+
+
+def load_trace_arg(spec: str, clean: bool = True) -> Trace:
+    """A trace from a command-line argument: a file, ``bundled:NAME`` or
+    ``synthetic:NAME`` (``numba_bfc.traces.synthetic.GENERATORS``)."""
+    from ..traces import Trace
+
+    kind, _, name = spec.partition(":")
+    if kind == "bundled" and name:
+        from ..traces.data import load_bundled
+
+        return load_bundled(name)
+    if kind == "synthetic" and name:
+        from ..traces.synthetic import GENERATORS
+
+        if name not in GENERATORS:
+            raise ValueError(f"unknown synthetic workload {name!r} "
+                             f"(expected one of {', '.join(GENERATORS)})")
+        return GENERATORS[name]()
+    return Trace.read(spec, clean=clean)
+
+
+def load_trace(spec: str, strict: bool = False) -> Trace:
+    """A trace argument for a command; errors name its flags (``--strict``)."""
+    from ..errors import InputError
+    from ..traces import TraceError
+
+    try:
+        trace = load_trace_arg(spec, clean=not strict)
+    except TraceError as e:
+        if e.hint:  # names a Python method: name the flag instead
+            raise e.replace(hint="run without --strict to drop and count such events") from None
+        raise
+    if not len(trace) and trace.dropped:
+        dropped = ", ".join(f"{k}: {v}" for k, v in sorted(trace.dropped.items()))
+        raise InputError(f"none of its events can be replayed ({dropped}); --strict stops "
+                         "at the first and names it", path=spec)
+    return trace
+
+
+def progress_bar(label: str, stream: TextIO):
+    """``progress(done, total)`` drawing a bar of ``label`` on ``stream``."""
+
+    def report(done: int, total: int) -> None:
+        width = 30
+        filled = width * done // max(total, 1)
+        stream.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done >= total:
+            stream.write("\n")
+        stream.flush()
+
+    return report
+
+
+def parse_scheduler(spec: str) -> tuple[str, int | None]:
+    """``--scheduler``: ``("local", workers)`` or ``(address, None)``."""
+    if importlib.util.find_spec("distributed") is None:
+        raise ValueError("--scheduler needs distributed: pip install 'numba_bfc[dask]'")
+    kind, colon, count = spec.partition(":")
+    if kind == "local":
+        if not colon:
+            return "local", os.cpu_count() or 1
+        if not count.isdigit() or not 1 <= int(count) <= 1024:
+            raise ValueError(f"--scheduler {spec}: expected local or local:N with N "
+                             "from 1 to 1024 worker processes")
+        return "local", int(count)
+    if not spec.strip():
+        raise ValueError("--scheduler: give a scheduler address (tcp://host:8786) or local[:N]")
+    return spec, None
+
+
+@contextlib.contextmanager
+def dask_client(scheduler: tuple[str, int | None], spec: str):
+    """A ``distributed.Client`` on ``parse_scheduler``'s cluster (a ``LocalCluster``
+    it starts and stops, or a running scheduler); ``spec`` names it in errors."""
+    import distributed
+
+    address, workers = scheduler
+    with contextlib.ExitStack() as stack:
+        if address == "local":
+            cluster = stack.enter_context(distributed.LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=True,
+                dashboard_address=":0"))
+            address = cluster.scheduler_address
+        try:
+            client = stack.enter_context(distributed.Client(address, timeout="10s"))
+        except (OSError, TimeoutError) as e:
+            raise ValueError(f"--scheduler {spec}: cannot reach the scheduler ({e})") from None
+        yield client

@@ -3,37 +3,26 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
 import sys
 from typing import TextIO
 
-from ..errors import InputError
-from ..traces import POLICIES, Trace, TraceError, run_sweep_task, sweep_tasks
+from ..traces import POLICIES, Trace, run_sweep_task, sweep_tasks
 from ..traces.tables import format_min_limits, format_table
-from .common import USER_ERRORS, byte_size, parse_args, report_error
+from .common import (
+    USER_ERRORS,
+    byte_size,
+    dask_client,
+    load_trace,
+    parse_args,
+    parse_scheduler,
+    progress_bar,
+    report_error,
+)
 
 _PROGRESS_MIN_EVENTS = 1 << 21  # below this a replay takes well under a second
-
-
-def load_trace_arg(spec: str, clean: bool = True) -> Trace:
-    """A trace from a command-line argument: a file, ``bundled:NAME`` or
-    ``synthetic:NAME`` (``numba_bfc.traces.synthetic.GENERATORS``)."""
-    kind, _, name = spec.partition(":")
-    if kind == "bundled" and name:
-        from ..traces.data import load_bundled
-
-        return load_bundled(name)
-    if kind == "synthetic" and name:
-        from ..traces.synthetic import GENERATORS
-
-        if name not in GENERATORS:
-            raise ValueError(f"unknown synthetic workload {name!r} "
-                             f"(expected one of {', '.join(GENERATORS)})")
-        return GENERATORS[name]()
-    return Trace.read(spec, clean=clean)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,33 +65,6 @@ def _limits(text: str) -> list[int]:
     return [_at_least_a_byte(part.strip()) for part in text.split(",")]
 
 
-def _progress_bar(label: str, stream: TextIO):
-    def report(done: int, total: int) -> None:
-        width = 30
-        filled = width * done // max(total, 1)
-        stream.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-        if done >= total:
-            stream.write("\n")
-        stream.flush()
-
-    return report
-
-
-def _load(spec: str, strict: bool) -> Trace:
-    """A trace argument; errors say what to do in this command's flags."""
-    try:
-        trace = load_trace_arg(spec, clean=not strict)
-    except TraceError as e:
-        if e.hint:  # names a Python method: name the flag instead
-            raise e.replace(hint="run without --strict to drop and count such events") from None
-        raise
-    if not len(trace) and trace.dropped:
-        dropped = ", ".join(f"{k}: {v}" for k, v in sorted(trace.dropped.items()))
-        raise InputError(f"none of its events can be replayed ({dropped}); --strict stops "
-                         "at the first and names it", path=spec)
-    return trace
-
-
 def main(argv: list[str] | None = None, out: TextIO | None = None,
          err: TextIO | None = None) -> int:
     """Run the replay CLI; return the exit status (0 ok, 2 bad input)."""
@@ -123,13 +85,13 @@ def main(argv: list[str] | None = None, out: TextIO | None = None,
             raise ValueError("--plot needs matplotlib: pip install 'numba_bfc[viz]'")
         if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
             raise ValueError(f"--plot {args.plot}: no such directory")
-        scheduler = _scheduler(args.scheduler) if args.scheduler is not None else None
+        scheduler = parse_scheduler(args.scheduler) if args.scheduler is not None else None
         specs = args.traces
         if not specs:
             from ..traces.data import bundled_names
 
             specs = [f"bundled:{n}" for n in bundled_names()]
-        traces = [_load(s, args.strict) for s in specs]
+        traces = [load_trace(s, args.strict) for s in specs]
         for trace in traces:
             if trace.dropped and not args.min_limit:
                 dropped = ", ".join(f"{k}: {v}" for k, v in sorted(trace.dropped.items()))
@@ -144,7 +106,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None,
                 trace = traces[task.trace]
                 show = (not args.no_progress and not task.min_limit
                         and len(trace) >= _PROGRESS_MIN_EVENTS)
-                progress = ({"progress": _progress_bar(f"{trace.name}/{task.policy}", err)}
+                progress = ({"progress": progress_bar(f"{trace.name}/{task.policy}", err)}
                             if show else {})
                 results.append(run_sweep_task(trace, task, {**options, **progress}))
         if args.json:
@@ -169,42 +131,12 @@ def main(argv: list[str] | None = None, out: TextIO | None = None,
     return 0
 
 
-def _scheduler(spec: str) -> tuple[str, int | None]:
-    """``--scheduler``: ``("local", workers)`` or ``(address, None)``."""
-    if importlib.util.find_spec("distributed") is None:
-        raise ValueError("--scheduler needs distributed: pip install 'numba_bfc[dask]'")
-    kind, colon, count = spec.partition(":")
-    if kind == "local":
-        if not colon:
-            return "local", os.cpu_count() or 1
-        if not count.isdigit() or not 1 <= int(count) <= 1024:
-            raise ValueError(f"--scheduler {spec}: expected local or local:N with N "
-                             "from 1 to 1024 worker processes")
-        return "local", int(count)
-    if not spec.strip():
-        raise ValueError("--scheduler: give a scheduler address (tcp://host:8786) or local[:N]")
-    return spec, None
-
-
 def _run_on_dask(scheduler: tuple[str, int | None], traces: list[Trace], policies: list[str],
                  args: argparse.Namespace, options: dict, err: TextIO) -> list:
     """The sweep's tasks on the Dask cluster ``--scheduler`` names."""
-    import distributed
-
     from ..dask import sweep as dask_sweep
 
-    address, workers = scheduler
-    with contextlib.ExitStack() as stack:
-        if address == "local":
-            cluster = stack.enter_context(distributed.LocalCluster(
-                n_workers=workers, threads_per_worker=1, processes=True,
-                dashboard_address=":0"))
-            address = cluster.scheduler_address
-        try:
-            client = stack.enter_context(distributed.Client(address, timeout="10s"))
-        except (OSError, TimeoutError) as e:
-            raise ValueError(f"--scheduler {args.scheduler}: cannot reach the scheduler "
-                             f"({e})") from None
+    with dask_client(scheduler, args.scheduler) as client:
         return dask_sweep(client, traces, policies, args.limit or [None],
                           min_limit=args.min_limit,
                           progress=False if args.no_progress else err, **options)

@@ -509,7 +509,12 @@ def min_limit(trace: Trace | str | os.PathLike, policy: str = "bfc", *,
         return replay(trace, policy, limit=limit, alignment=alignment, series_points=1,
                       stop_on_oom=True, **options)
 
-    unlimited = fits(None).peak_reserved_bytes
+    # PyTorch's collector runs only against a per-process limit: unlimited, it is off.
+    unlimited = replay(trace, policy, limit=None, alignment=alignment, series_points=1,
+                       stop_on_oom=True,
+                       **{k: v for k, v in options.items()
+                          if k != "garbage_collection_threshold"}).peak_reserved_bytes
+    replays += 1
     if peak == 0:
         return MinLimit(trace.name, policy, 0, 0, unlimited, replays,
                         time.perf_counter() - t0)

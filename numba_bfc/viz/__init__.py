@@ -4,6 +4,7 @@ from .bins import plot_bin_occupancy
 from .lifetime import plot_plan, plot_replay_lifetimes
 from .memory_map import plot_memory_map
 from .timeline import plot_timeline
+from .tune import plot_tune
 
 __all__ = ["plot_bin_occupancy", "plot_memory_map", "plot_plan", "plot_replay_lifetimes",
-           "plot_timeline"]
+           "plot_timeline", "plot_tune"]
