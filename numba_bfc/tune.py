@@ -44,11 +44,12 @@ __all__ = ["DEFAULTS", "KNOBS", "Baseline", "Candidate", "TuneResult", "caching_
 
 _MIB = 1 << 20
 #: PyTorch's knobs the search moves, in the order it tries them.
-KNOBS = ("max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
-         "garbage_collection_threshold")
+KNOBS = ("expandable_segments", "max_split_size_mb", "max_non_split_rounding_mb",
+         "roundup_power2_divisions", "garbage_collection_threshold")
 #: PyTorch's defaults (None: off or unlimited).
-DEFAULTS: dict[str, Any] = {"max_split_size_mb": None, "max_non_split_rounding_mb": 20,
-                            "roundup_power2_divisions": 0, "garbage_collection_threshold": None}
+DEFAULTS: dict[str, Any] = {"expandable_segments": False, "max_split_size_mb": None,
+                            "max_non_split_rounding_mb": 20, "roundup_power2_divisions": 0,
+                            "garbage_collection_threshold": None}
 _DIVISIONS = (0, 2, 4, 8, 16)
 _GC_THRESHOLDS = (None, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 
@@ -64,6 +65,8 @@ def caching_options(settings: dict[str, Any]) -> dict[str, Any]:
         "max_non_split_rounding": s["max_non_split_rounding_mb"] * _MIB,
         "roundup_power2_divisions": s["roundup_power2_divisions"],
     }
+    if s["expandable_segments"]:
+        options["expandable_segments"] = True
     if s["max_split_size_mb"] is not None:
         options["max_split_size"] = s["max_split_size_mb"] * _MIB
     if s["garbage_collection_threshold"] is not None:
@@ -73,6 +76,7 @@ def caching_options(settings: dict[str, Any]) -> dict[str, Any]:
 
 def pytorch_conf(settings: dict[str, Any]) -> str:
     """``settings`` as ``PYTORCH_CUDA_ALLOC_CONF`` text, defaults left out ("" if none differ)."""
+    # PyTorch spells booleans True/False, and only those.
     return ",".join(f"{key}:{settings[key]}" for key in DEFAULTS
                     if key in settings and settings[key] != DEFAULTS[key])
 
@@ -127,13 +131,16 @@ def evaluate(trace: Trace, settings: dict[str, Any], limit: int | None = None) -
 def knob_values(trace: Trace, knob: str, settings: dict[str, Any]) -> list[Any]:
     """The values the search tries for ``knob``, given the other ``settings``.
 
-    ``max_split_size_mb``: off, and powers of two from 32 MiB up to twice the
+    ``expandable_segments``: False, True; ``max_split_size_mb``: off, and powers
+    of two from 32 MiB up to twice the
     largest request (PyTorch needs more than 20); ``max_non_split_rounding_mb``
     (only with a ``max_split_size_mb``): 20 MiB doubling up to the largest
     request; ``roundup_power2_divisions``: 0, 2, 4, 8, 16;
     ``garbage_collection_threshold``: off and 0.5 to 0.95.
     """
     largest_mb = int(trace.sizes.max()) // _MIB if len(trace) else 0
+    if knob == "expandable_segments":
+        return [False, True]
     if knob == "max_split_size_mb":
         values: list[Any] = [None]
         v = 32

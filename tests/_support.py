@@ -124,3 +124,36 @@ def make_manager(capacity: int = 64 * MiB, contiguous: bool = False, granularity
 def addr(mp) -> int:
     """The device address of a Numba ``MemoryPointer`` (0 for an empty one)."""
     return int(mp.device_pointer_value or 0)
+
+
+def churn_with_patterns(allocator, backend, steps, pick_size, rng, every=None, each=None):
+    """Random allocations and frees on real host memory, each block filled with a
+    byte of its own and checked when freed and at the end; ``each()`` runs every
+    ``every`` steps. Returns ``{ptr: (nbytes, value)}`` of the blocks left live."""
+    import numpy as np
+
+    from numba_bfc import OutOfMemoryError
+
+    live = {}
+    for step in range(steps):
+        if live and rng.random() < 0.45:
+            p = list(live)[rng.integers(len(live))]
+            n, value = live.pop(p)
+            assert np.all(backend.view(p, n) == value), f"block {p:#x} was overwritten"
+            allocator.deallocate_raw(p)
+        else:
+            n = pick_size()
+            try:
+                p = allocator.allocate_raw(n)
+            except OutOfMemoryError:
+                continue
+            value = step % 251 + 1
+            backend.view(p, n)[:] = value
+            live[p] = (n, value)
+        if every and step % every == 0:
+            each()
+    spans = sorted((p, p + n) for p, (n, _) in live.items())
+    assert all(a_end <= b for (_, a_end), (b, _) in zip(spans, spans[1:]))
+    for p, (n, value) in live.items():
+        assert np.all(backend.view(p, n) == value)
+    return live

@@ -1,5 +1,6 @@
 """Random programs on CachingAllocator and the reference oracle: same addresses,
-same errors, same PyTorch statistics and snapshots, invariants after every step."""
+same errors, same PyTorch statistics and snapshots, invariants after every step;
+with and without expandable segments."""
 
 import numpy as np
 from _support import batch_program, pointer_step, single_calls
@@ -36,6 +37,7 @@ configs = st.fixed_dictionaries(
         "roundup_power2_divisions": st.sampled_from([0, 0, 2, 4, {1: 8, 16: 2, ">": 4}]),
         "garbage_collection_threshold": st.sampled_from([0.0, 0.0, 0.3, 0.8]),
         "capacity": st.sampled_from([None, 96 * MiB, 200 * MiB]),
+        "expandable_segments": st.sampled_from([False, False, True]),
     }
 )
 
@@ -45,7 +47,8 @@ def _make(cls, config):
     capacity = cfg.pop("capacity")
     if cfg["memory_limit"] is None:
         cfg["garbage_collection_threshold"] = 0.0  # PyTorch's collector needs a limit
-    return cls(VirtualSubAllocator(capacity), **cfg)
+    # Expandable segments map pages at chosen addresses: a contiguous space.
+    return cls(VirtualSubAllocator(capacity, contiguous=cfg["expandable_segments"]), **cfg)
 
 
 def _step(a, live, freed, op):

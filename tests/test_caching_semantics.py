@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from _support import churn_with_patterns
 
 from numba_bfc import BFCAllocator, OutOfMemoryError
 from numba_bfc.allocators._options import parse_roundup_divisions
@@ -327,27 +328,8 @@ def test_host_memory_patterns_survive_churn(caching_impl):
     backend = HostSubAllocator()
     c = caching_impl(backend, memory_limit=96 * MiB, max_split_size=24 * MiB)
     rng = np.random.default_rng(0)
-    live = {}
-    for step in range(1500):
-        if live and rng.random() < 0.45:
-            p = list(live)[rng.integers(len(live))]
-            n, value = live.pop(p)
-            assert np.all(backend.view(p, n) == value), f"corrupted at {p:#x}"
-            c.deallocate_raw(p)
-        else:
-            n = int(rng.choice([rng.integers(1, 8 * KiB), rng.integers(1, 3 * MiB),
-                                rng.integers(1, 30 * MiB)]))
-            try:
-                p = c.allocate_raw(n)
-            except OutOfMemoryError:
-                continue
-            value = step % 251
-            backend.view(p, n)[:] = value
-            live[p] = (n, value)
-    spans = sorted((p, p + n) for p, (n, _) in live.items())
-    assert all(a_end <= b for (_, a_end), (b, _) in zip(spans, spans[1:]))
-    for p, (n, value) in live.items():
-        assert np.all(backend.view(p, n) == value)
+    churn_with_patterns(c, backend, 1500, lambda: int(rng.choice(
+        [rng.integers(1, 8 * KiB), rng.integers(1, 3 * MiB), rng.integers(1, 30 * MiB)])), rng)
     check_invariants(c)
 
 

@@ -140,6 +140,17 @@ def test_tune_on_the_cluster_equals_the_local_tune(client):
     assert there.best == here.best and there.defaults == here.defaults
     assert there.candidates == here.candidates and there.baselines == here.baselines
     assert there.conf == here.conf != "PYTORCH_CUDA_ALLOC_CONF="
+    from numba_bfc.cli.tune import main as tune_main
+
+    runs = []
+    for extra in ([], ["--scheduler", client.scheduler.address]):
+        out, err = io.StringIO(), io.StringIO()
+        assert tune_main(["bundled:lstm_train", "--knobs", "expandable_segments", "--json",
+                          "--no-progress", *extra], out=out, err=err) == 0, err.getvalue()
+        data = json.loads(out.getvalue())
+        runs.append((data["recommended"], data["best"]["min_limit"],
+                     [c["min_limit"] for c in data["candidates"]]))
+    assert runs[0] == runs[1]
 
 
 async def _die():

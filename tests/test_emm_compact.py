@@ -155,3 +155,23 @@ def test_pages_unmapped_from_the_middle_are_tracked_and_reset_frees_the_rest():
     mgr.reset()
     assert [x.bytes_held for x in made] == [0, 0] and made[0].mapped_ranges() == []
     del a, c, again
+
+
+def test_caching_with_expandable_segments_grows_one_range_in_place(monkeypatch):
+    backend = VirtualSubAllocator(capacity=256 * MiB, contiguous=True)
+    mgr = NumbaBFCMemoryManager(context=FakeContext(), policy="caching", backend=backend,
+                                expandable_segments=True)
+    a = mgr.memalloc(30 * MiB)
+    b = mgr.memalloc(30 * MiB)
+    assert addr(b) == addr(a) + 30 * MiB  # one segment, grown by mapping pages
+    stats = mgr.allocator.memory_stats()
+    assert stats["segment.all.current"] == 0 and stats["reserved_bytes.all.current"] == 60 * MiB
+    del a, b
+    mgr.reset()
+    assert backend.bytes_held == 0
+    check_invariants(mgr.allocator)
+    # Selected from the environment, expandable segments default to CUDA virtual memory.
+    monkeypatch.setenv("NUMBA_BFC_CONF", "policy:caching,expandable_segments:true")
+    assert NumbaBFCMemoryManager(context=None)._backend_spec == "virtual"
+    assert NumbaBFCMemoryManager(context=None, policy="caching",
+                                 expandable_segments=False)._backend_spec == "plain"

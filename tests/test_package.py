@@ -104,3 +104,34 @@ def test_cli_version_and_a_bad_demo_size():
         r = subprocess.run(run + ["demo", "--ops", bad], capture_output=True, text=True, cwd=ROOT)
         assert r.returncode == 2 and "Traceback" not in r.stderr
         assert r.stderr.strip().splitlines()[-1].startswith("numba-bfc demo: error:")
+
+
+_CACHE_PROBE = """
+from numba_bfc.kernels.chunks import round_up
+round_up(5, 4)
+print(sum(round_up.stats.cache_hits.values()))
+"""
+
+
+def test_the_kernel_cache_is_dropped_when_any_kernel_source_changes(tmp_path):
+    """Numba's cache checks only a function's own file; ours also the package's
+    other kernel sources, whose helpers and table layout a kernel compiles in."""
+    import shutil
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(ROOT / "numba_bfc", pkg / "numba_bfc",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(pkg), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def cache_hits():
+        done = subprocess.run([sys.executable, "-c", _CACHE_PROBE], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout.split()[-1])
+
+    assert cache_hits() == 0  # compiled and cached
+    assert cache_hits() == 1  # loaded from the cache
+    layout = pkg / "numba_bfc" / "kernels" / "layout.py"
+    layout.write_text(layout.read_text() + "\n# another file changed\n")
+    assert cache_hits() == 0  # chunks.py is unchanged, but its cache is stale
+    assert cache_hits() == 1

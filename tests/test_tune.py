@@ -52,6 +52,7 @@ def test_the_recommendation_is_never_worse_and_equals_a_direct_replay(tuned, nam
 
 
 @pytest.mark.parametrize("name,knob,value", [
+    ("resnet_train", "expandable_segments", True),
     ("lstm_train", "max_split_size_mb", 32),
     ("resnet_train", "roundup_power2_divisions", 4),
     ("gpt_train", "garbage_collection_threshold", 0.7),
@@ -66,12 +67,12 @@ def test_each_knob_alone_moves_when_replay_says_it_helps(name, knob, value):
     assert tried == set(knob_values(trace, knob, DEFAULTS))
 
 
-def test_max_non_split_rounding_is_tried_only_with_a_max_split_size(tuned):
+def test_max_non_split_rounding_is_tried_only_with_a_max_split_size():
     trace = load_bundled("lstm_train")
     assert knob_values(trace, "max_non_split_rounding_mb", DEFAULTS) == [20]
     assert knob_values(trace, "max_non_split_rounding_mb",
                        {**DEFAULTS, "max_split_size_mb": 32}) == [20, 40, 80]
-    result = tuned["lstm_train"]
+    result = tune(trace, knobs=[k for k in KNOBS if k != "expandable_segments"])
     assert result.best.settings["max_split_size_mb"] == 32
     roundings = {c.settings["max_non_split_rounding_mb"] for c in result.candidates
                  if c.settings["max_split_size_mb"] == 32}
@@ -109,6 +110,8 @@ def test_settings_map_to_options_and_pytorch_text():
     settings = {**DEFAULTS, "max_split_size_mb": 128, "roundup_power2_divisions": 4}
     assert pytorch_conf(settings) == "max_split_size_mb:128,roundup_power2_divisions:4"
     assert pytorch_conf(DEFAULTS) == ""
+    assert pytorch_conf({**DEFAULTS, "expandable_segments": True}) == "expandable_segments:True"
+    assert caching_options({"expandable_segments": True})["expandable_segments"] is True
     assert caching_options(settings) == {"max_split_size": 128 * MIB,
                                          "max_non_split_rounding": 20 * MIB,
                                          "roundup_power2_divisions": 4}
@@ -158,11 +161,12 @@ def test_cli_prints_the_recommendation_and_json(tmp_path):
     assert "recommended: PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:4" in out
     # The defaults, 3 other allocators and 4 more divisions: 8 candidates.
     assert "tune resnet_train [" in err and err.rstrip().endswith("8/8")
-    path = tmp_path / "t.csv"
-    load_bundled("resnet_train").write(path)
-    code, out, _ = _cli(str(path), "--knobs", "roundup_power2_divisions", "--json",
-                        "--no-progress")
-    assert code == 0 and json.loads(out)["best"]["settings"]["roundup_power2_divisions"] == 4
+    for name in ("t.csv", "snapshot.pickle"):  # our trace, a PyTorch memory snapshot
+        path = tmp_path / name
+        load_bundled("resnet_train").write(path)
+        code, out, _ = _cli(str(path), "--knobs", "roundup_power2_divisions", "--json",
+                            "--no-progress")
+        assert code == 0 and json.loads(out)["best"]["settings"]["roundup_power2_divisions"] == 4
 
 
 def test_cli_plot(tmp_path):

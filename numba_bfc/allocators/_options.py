@@ -209,6 +209,7 @@ CACHING_CONF_KEYS = {
     "max_non_split_rounding_mb": _parse_mb,
     "roundup_power2_divisions": parse_roundup_divisions,
     "garbage_collection_threshold": parse_float,
+    "expandable_segments": parse_bool,
     "name": parse_str,
 }
 register_conf_keys(BFC_CONF_KEYS)
@@ -224,6 +225,7 @@ class CachingOptions:
     max_non_split_rounding: int
     roundup_power2_divisions: tuple
     garbage_collection_threshold: float
+    expandable_segments: bool
     name: str
 
 
@@ -287,11 +289,19 @@ def resolve_caching_options(backend, **explicit) -> CachingOptions:
         raise ValueError(
             "garbage_collection_threshold needs memory_limit or memory_fraction: PyTorch's "
             "collector only runs against a per-process limit")
+    expandable = parse_bool(merged.get("expandable_segments", False),
+                            name="expandable_segments")
+    if expandable and not getattr(backend, "supports_remap", False):
+        raise ValueError(
+            "expandable_segments needs a backend that maps memory at chosen addresses "
+            "(supports_remap): VirtualSubAllocator(contiguous=True), "
+            "HostSubAllocator(capacity, contiguous=True) or CudaVirtualSubAllocator")
     return CachingOptions(
         memory_limit=limit,
         max_split_size=max_split,
         max_non_split_rounding=rounding,
         roundup_power2_divisions=divisions,
         garbage_collection_threshold=threshold,
+        expandable_segments=expandable,
         name=parse_str(merged.get("name", "caching"), name="name"),
     )

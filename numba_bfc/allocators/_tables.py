@@ -222,7 +222,9 @@ class TableStore:
         return int(row["requested_size"]), int(row["size"]), int(row["allocation_id"])
 
     def _records(self) -> np.ndarray:
-        rows = self._chunks[self._chunks["size"] > 0]
+        # Unmapped address space (expandable segments) is not memory: no record.
+        rows = self._chunks[(self._chunks["size"] > 0)
+                            & (self._chunks["allocation_id"] != L.UNMAPPED)]
         rows = rows[np.argsort(rows["ptr"], kind="stable")]
         rec = np.zeros(rows.shape[0], dtype=_report.RECORD_DTYPE)
         rec["address"] = rows["ptr"]

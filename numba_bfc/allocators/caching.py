@@ -6,7 +6,6 @@ import numpy as np
 
 from ..framework.validate import MAX_INT64
 from ..kernels import layout as L
-from ..kernels.operations import whole_free_regions_op
 from ..policies import caching as C
 from ..policies.batch import run_batch_caching
 from ._fastcall import Kernel
@@ -18,11 +17,20 @@ __all__ = ["CachingAllocator"]
 # Each serves a caller with or without the lock (the last argument).
 _ALLOCATE = Kernel(C.caching_allocate_op)
 _DEALLOCATE = Kernel(C.caching_deallocate_op)
-_WHOLE_FREE_REGIONS = Kernel(whole_free_regions_op)
 _ROUND_SIZE = Kernel(C.round_size)
 _ADD_SEGMENT = Kernel(C.caching_add_segment_op)
 _FROM_SEGMENT = Kernel(C.caching_allocate_from_segment_op)
 _RELEASE_SEGMENT = Kernel(C.caching_release_segment_op)
+_ADD_EXPANDABLE = Kernel(C.caching_add_expandable_op)
+_FIND_EXPANDABLE = Kernel(C.find_expandable_block_op)
+_MAP_BLOCK = Kernel(C.caching_map_block_op)
+_UNMAP_BLOCK = Kernel(C.caching_unmap_block_op)
+_RELEASE_EXPANDABLE = Kernel(C.caching_release_expandable_op)
+_TAKE_BLOCK = Kernel(C.caching_take_block_op)
+
+
+class _Grown(int):
+    """A free block handle that ``_try_allocate_expandable`` grew (not a region row)."""
 
 
 class CachingAllocator(TableStore, CachingBase):
@@ -76,16 +84,19 @@ class CachingAllocator(TableStore, CachingBase):
 
     def __init__(self, backend, memory_limit=None, max_split_size=None,
                  roundup_power2_divisions=None, garbage_collection_threshold=None,
-                 name=None, *, memory_fraction=None, max_non_split_rounding=None) -> None:
+                 name=None, *, memory_fraction=None, max_non_split_rounding=None,
+                 expandable_segments=None) -> None:
         super().__init__(backend, memory_limit, max_split_size, roundup_power2_divisions,
                          garbage_collection_threshold, name, memory_fraction=memory_fraction,
-                         max_non_split_rounding=max_non_split_rounding)
+                         max_non_split_rounding=max_non_split_rounding,
+                         expandable_segments=expandable_segments)
         self._adopt_tables(L.new_tables(C.NUM_POOLS, C.MIN_BLOCK_SIZE,
                                         state_size=C.CACHING_STATE_SIZE))
         st = self._state
         st[C.C_MAX_SPLIT_SIZE] = self.max_split_size
         st[C.C_MAX_NON_SPLIT_ROUNDING] = self.max_non_split_rounding
         st[C.C_GC_ACTIVE] = int(self._gc_enabled)
+        st[C.C_EXPANDABLE] = int(self.expandable_segments)
         st[C.C_DIVISIONS:C.C_DIVISIONS + C.ROUNDUP_INTERVALS] = self.roundup_power2_divisions
         self._stats = st[C.C_STATS:C.CACHING_STATE_SIZE].reshape(C.NUM_STATS, 3, 4)
 
@@ -148,6 +159,8 @@ class CachingAllocator(TableStore, CachingBase):
             self._grow_tables()
 
     def _take_from_segment(self, segment: int, n: int) -> int:
+        if isinstance(segment, _Grown):
+            return int(self._until_room(_TAKE_BLOCK.call, int(segment), n))
         return int(self._until_room(_FROM_SEGMENT.call, segment, n))
 
     def _release_segment(self, segment: int) -> tuple[int, int]:
@@ -159,10 +172,6 @@ class CachingAllocator(TableStore, CachingBase):
         r = _DEALLOCATE.call(self._state, ptr, True)
         return None if r < 0 else int(r)
 
-    def _unsplit_free_segments(self, pool: int) -> list[int]:
-        rows = np.empty(self._regions.shape[0], dtype=np.int64)
-        return rows[:_WHOLE_FREE_REGIONS.call(self._state, pool, rows)].tolist()
-
     def _free_blocks(self, pool: int) -> np.ndarray:
         ch = self._chunks
         rows = ch[(ch["size"] > 0) & (ch["allocation_id"] == -1) & (ch["bin"] == pool)]
@@ -173,6 +182,7 @@ class CachingAllocator(TableStore, CachingBase):
         out["segment"] = rows["region"]
         out["split"] = (rows["prev"] != L.NO_HANDLE) | (rows["next"] != L.NO_HANDLE)
         out["gc_count"] = self._state[C.C_GC_CLOCK + pool] - rows["freed_at_count"]
+        out["expandable"] = self._regions["page"][rows["region"]] > 0
         return out
 
     def _stat_array(self) -> np.ndarray:
@@ -189,5 +199,90 @@ class CachingAllocator(TableStore, CachingBase):
 
     def _segment_list(self) -> list[tuple[int, int, int]]:
         live = self._live_regions()
-        return [(int(b), int(s), int(p)) for b, s, p in zip(live["base"], live["size"],
-                                                            live["bin"])]
+        out = [(int(b), int(s), int(p)) for b, s, p, g in zip(
+            live["base"], live["size"], live["bin"], live["page"]) if not g]
+        if self.expandable_segments:
+            # An expandable segment shows as its runs of mapped blocks, as in PyTorch.
+            ch = self._chunks
+            rows = ch[(ch["size"] > 0) & (ch["allocation_id"] != L.UNMAPPED)
+                      & (self._regions["page"][ch["region"]] > 0)]
+            rows = rows[np.argsort(rows["ptr"], kind="stable")]
+            start = end = pool = run_region = None
+            for ptr, size, region in zip(rows["ptr"].tolist(), rows["size"].tolist(),
+                                         rows["region"].tolist()):
+                if start is not None and ptr == end and region == run_region:
+                    end += size
+                    continue
+                if start is not None:
+                    out.append((start, end - start, pool))
+                start, end, run_region = ptr, ptr + size, region
+                pool = int(self._regions[region]["bin"])
+            if start is not None:
+                out.append((start, end - start, pool))
+        return sorted(out)
+
+    def _region_list(self) -> list[tuple[int, int]]:
+        return [(b, s) for b, s, _ in self._segment_list()]
+
+    # ------------------------------------------------------------------ expandable segments
+    def _try_allocate_expandable(self, pool: int, size: int) -> _Grown | None:
+        c = self._find_expandable_block(pool, size)
+        if c is None:
+            return None
+        ch = self._chunks
+        if ch[c]["allocation_id"] == L.UNMAPPED:
+            c = self._map_block(c, min(int(ch[c]["size"]), size))
+            if c is None:
+                return None
+        while int(self._chunks[c]["size"]) < size:
+            # c is free and mapped, and an unmapped block follows it.
+            nxt = int(self._chunks[c]["next"])
+            c = self._map_block(nxt, min(size - int(self._chunks[c]["size"]),
+                                         int(self._chunks[nxt]["size"])))
+            if c is None:
+                return None
+        return _Grown(c)
+
+    def _find_expandable_block(self, pool: int, size: int) -> int | None:
+        regions = self._regions
+        rows = np.flatnonzero((regions["size"] > 0) & (regions["page"] > 0)
+                              & (regions["bin"] == pool))
+        for r in rows[np.argsort(regions["base"][rows])].tolist():
+            c = _FIND_EXPANDABLE.call(self._state, r, size)
+            if c >= 0:
+                return int(c)
+        page = C.SMALL_BUFFER if pool == C.SMALL_POOL else C.LARGE_BUFFER
+        reserved = self._reserve_address_space(page)
+        if reserved is None:
+            return None
+        r = self._until_room(_ADD_EXPANDABLE.call, reserved[0], reserved[1], pool, page)
+        return int(self._regions[r]["first"])
+
+    def _map_block(self, h: int, size: int) -> int | None:
+        row = self._chunks[h]
+        region = self._regions[row["region"]]
+        base, page, ptr = int(region["base"]), int(region["page"]), int(row["ptr"])
+        first = (ptr - base) // page
+        last = -(-(ptr + size - base) // page)
+        nbytes = (last - first) * page
+        if not self._map_pages(ptr, nbytes):
+            return None
+        return int(self._until_room(_MAP_BLOCK.call, h, nbytes))
+
+    def _unmap_free_blocks(self, pool: int, blocks: list[tuple[int, int]]) -> None:
+        for size, ptr in blocks:
+            ch = self._chunks
+            h = int(np.flatnonzero((ch["ptr"] == ptr) & (ch["size"] == size)
+                                   & (ch["allocation_id"] == -1))[0])
+            r = int(ch[h]["region"])
+            base, page = int(self._regions[r]["base"]), int(self._regions[r]["page"])
+            first = -(-(ptr - base) // page)
+            last = (ptr + size - base) // page
+            if first >= last:
+                continue  # no whole page inside
+            start, nbytes = base + first * page, (last - first) * page
+            self._unmap_pages(start, nbytes)
+            u = int(self._until_room(_UNMAP_BLOCK.call, h, start, nbytes))
+            if self._chunks[u]["prev"] == L.NO_HANDLE and self._chunks[u]["next"] == L.NO_HANDLE:
+                _RELEASE_EXPANDABLE.call(self._state, r)  # nothing of it is mapped
+                self._release_address_space(base)

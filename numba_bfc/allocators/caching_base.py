@@ -58,7 +58,11 @@ _COUNTER_NAMES = ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
 
 # One row per free block in a pool, as PyTorch's ordered pool would list it.
 FREE_BLOCK_DTYPE = np.dtype([("size", np.int64), ("ptr", np.int64), ("segment", np.int64),
-                             ("split", np.bool_), ("gc_count", np.int64)])
+                             ("split", np.bool_), ("gc_count", np.int64),
+                             ("expandable", np.bool_)])
+#: The device memory an expandable segment's address space is sized from when
+#: neither the backend nor a limit bounds it (1 PiB, as ``UNLIMITED``).
+UNBOUNDED_DEVICE = 1 << 50
 
 
 def _oom_message(name: str, n: int, alloc_size: int, total: int | None,
@@ -116,12 +120,14 @@ class CachingBase(PooledAllocator):
 
     def __init__(self, backend, memory_limit=None, max_split_size=None,
                  roundup_power2_divisions=None, garbage_collection_threshold=None,
-                 name=None, *, memory_fraction=None, max_non_split_rounding=None) -> None:
+                 name=None, *, memory_fraction=None, max_non_split_rounding=None,
+                 expandable_segments=None) -> None:
         opts = resolve_caching_options(
             backend, memory_limit=memory_limit, memory_fraction=memory_fraction,
             max_split_size=max_split_size, max_non_split_rounding=max_non_split_rounding,
             roundup_power2_divisions=roundup_power2_divisions,
-            garbage_collection_threshold=garbage_collection_threshold, name=name)
+            garbage_collection_threshold=garbage_collection_threshold,
+            expandable_segments=expandable_segments, name=name)
         self._backend = backend
         self._name = opts.name
         self.memory_limit = opts.memory_limit
@@ -130,6 +136,8 @@ class CachingBase(PooledAllocator):
         self.roundup_power2_divisions = opts.roundup_power2_divisions
         self.garbage_collection_threshold = opts.garbage_collection_threshold
         self._gc_enabled = opts.memory_limit is not None and opts.garbage_collection_threshold > 0
+        self.expandable_segments = opts.expandable_segments
+        self._reservations: dict[int, int] = {}  # expandable segments' address ranges
         # Reentrant: arrays from empty() free themselves from finalizers, which may
         # run on this thread while it holds the lock; tables are consistent
         # between kernel calls, so a nested free is safe.
@@ -385,12 +393,12 @@ class CachingBase(PooledAllocator):
         alloc_size = allocation_size(size)
         if self._gc_enabled:
             self._garbage_collect()
-        segment = self._alloc_block(alloc_size, pool, False)
+        segment = self._alloc_block(alloc_size, pool, False, size)
         if segment is None and self._release_available_cached_blocks(size, pool):
-            segment = self._alloc_block(alloc_size, pool, False)
+            segment = self._alloc_block(alloc_size, pool, False, size)
         if segment is None:
             self._release_cached_blocks()
-            segment = self._alloc_block(alloc_size, pool, True)
+            segment = self._alloc_block(alloc_size, pool, True, size)
         if segment is None:
             raise self._out_of_memory(n, alloc_size)
         p = self._take_from_segment(segment, n)
@@ -398,7 +406,11 @@ class CachingBase(PooledAllocator):
             self._trace("alloc", p, n)
         return p
 
-    def _alloc_block(self, alloc_size: int, pool: int, is_retry: bool):
+    def _alloc_block(self, alloc_size: int, pool: int, is_retry: bool, size: int):
+        """PyTorch's ``alloc_block``: a new segment of ``alloc_size`` bytes, or with
+        expandable segments a free block of at least ``size`` bytes grown by mapping
+        pages. The limit is checked against ``alloc_size`` either way, as PyTorch
+        checks its memory fraction before it picks the expandable path."""
         if is_retry:
             self._events["num_alloc_retries"] += 1
         reserved = self._usage()[1]
@@ -406,6 +418,8 @@ class CachingBase(PooledAllocator):
             return None
         if reserved + alloc_size > MAX_INT64:
             return None  # the int64 statistics cannot count it: as if the device were full
+        if self.expandable_segments:
+            return self._try_allocate_expandable(pool, size)
         got = self._backend.alloc(alloc_size, MIN_BLOCK_SIZE)
         if got is None:
             return None
@@ -439,13 +453,17 @@ class CachingBase(PooledAllocator):
         blocks = self._free_blocks(pool)
         want = max(size, self.max_split_size)
         i = int(np.searchsorted(blocks["size"], want, side="left"))
-        if i < blocks.shape[0]:
+        if i < blocks.shape[0] and not blocks[i]["expandable"]:
             self._release(int(blocks[i]["segment"]))
             return True
         released = 0
-        for b in blocks[::-1]:
+        # Expandable blocks cannot be released whole: they are passed over, as
+        # since PyTorch's #134338 (before it, PyTorch asserted on them).
+        for b in blocks[:i][::-1]:
             if released >= want or b["size"] < self.max_split_size:
                 break
+            if b["expandable"]:
+                continue
             # Blocks this large are never split, so each is a whole segment.
             self._release(int(b["segment"]))
             released += int(b["size"])
@@ -458,8 +476,15 @@ class CachingBase(PooledAllocator):
         if allocated == reserved:
             return  # every segment is wholly in use: no free block, no pass over them
         for pool in (LARGE_POOL, SMALL_POOL):
-            for segment in self._unsplit_free_segments(pool):
+            blocks = self._free_blocks(pool)
+            for segment in blocks["segment"][~blocks["split"] & ~blocks["expandable"]].tolist():
                 self._release(segment)
+            # Expandable blocks give back their whole free pages (PyTorch's
+            # unmap_block), in the pool's (size, address) order.
+            expandable = blocks[blocks["expandable"]]
+            if expandable.size:
+                self._unmap_free_blocks(pool, list(zip(expandable["size"].tolist(),
+                                                       expandable["ptr"].tolist())))
 
     def _garbage_collect(self) -> None:
         """PyTorch's ``garbage_collect_cached_blocks``: release the oldest unsplit
@@ -470,7 +495,8 @@ class CachingBase(PooledAllocator):
         if reserved <= threshold:
             return
         target = reserved - threshold
-        blocks = [b for b in self._free_blocks(LARGE_POOL) if not b["split"]]
+        blocks = [b for b in self._free_blocks(LARGE_POOL)
+                  if not b["split"] and not b["expandable"]]
         if not blocks:
             return
         total_age = float(sum(int(b["gc_count"]) for b in blocks))
@@ -500,6 +526,55 @@ class CachingBase(PooledAllocator):
         if info is not None:
             self._trace("free_requested", p, info[0])
             self._trace("free_completed", p, info[0])
+
+    # ------------------------------------------------------------------ expandable segments
+    def _reserve_address_space(self, page: int) -> tuple[int, int] | None:
+        """Address space for a new expandable segment: PyTorch reserves 1 1/8 of the
+        device memory (here: the backend's capacity, else the limit, else
+        ``UNBOUNDED_DEVICE``) in whole pages. Where the backend's range has no
+        such gap left, the largest gap of whole pages (None if not one page)."""
+        total = self._backend.total_memory() or self.memory_limit or UNBOUNDED_DEVICE
+        want = -(-(total + total // 8) // page) * page
+        start, length = self._backend.address_space()
+        end = None if length is None else start + length
+        best: tuple[int, int] | None = None
+        align = SMALL_BUFFER  # CUDA's granularity: where cuMemAddressReserve puts ranges
+        pos = -(-start // align) * align
+        for base in sorted(self._reservations) + [None]:
+            gap_end = end if base is None else base
+            room = None if gap_end is None else (gap_end - pos) // page * page
+            if room is None or room >= want:
+                best = (pos, want)
+                break
+            if room >= page and (best is None or room > best[1]):
+                best = (pos, room)
+            if base is None:
+                break
+            pos = -(-(base + self._reservations[base]) // align) * align
+        if best is None or best[0] + best[1] > MAX_INT64:
+            return None
+        self._reservations[best[0]] = best[1]
+        return best
+
+    def _release_address_space(self, base: int) -> None:
+        del self._reservations[base]
+
+    def _map_pages(self, ptr: int, nbytes: int) -> bool:
+        """Back ``[ptr, ptr+nbytes)`` (whole pages of a reservation) with memory:
+        PyTorch's ``ExpandableSegment::map``; False when the backend is out of memory."""
+        if self._backend.alloc_at(ptr, nbytes) is None:
+            return False
+        self._events["num_device_alloc"] += 1
+        if self._history is not None:
+            self._trace("segment_map", ptr, nbytes)
+        return True
+
+    def _unmap_pages(self, ptr: int, nbytes: int) -> None:
+        """Give back the memory of whole pages (PyTorch's ``ExpandableSegment::unmap``)."""
+        self._backend.free(ptr, nbytes)
+        self._events["num_device_free"] += 1
+        if self._history is not None:
+            self._trace("segment_unmap", ptr, nbytes)
 
     def _out_of_memory(self, n: int, alloc_size: int) -> OutOfMemoryError:
         self._events["num_ooms"] += 1
@@ -609,7 +684,7 @@ class CachingBase(PooledAllocator):
                 "active_size": sum(b["size"] for b in used),
                 "requested_size": sum(b["requested_size"] for b in used),
                 "stream": 0, "segment_type": POOL_NAMES[pool], "segment_pool_id": (0, 0),
-                "is_expandable": False, "frames": [], "blocks": blocks,
+                "is_expandable": self.expandable_segments, "frames": [], "blocks": blocks,
             })
         return out
 
@@ -620,6 +695,7 @@ class CachingBase(PooledAllocator):
             "max_non_split_rounding": self.max_non_split_rounding,
             "roundup_power2_divisions": list(self.roundup_power2_divisions),
             "garbage_collection_threshold": self.garbage_collection_threshold,
+            "expandable_segments": self.expandable_segments,
         }
 
     def _region_list(self) -> list[tuple[int, int]]:
@@ -654,10 +730,15 @@ class CachingBase(PooledAllocator):
     def _free_block(self, ptr: int) -> int | None:
         raise NotImplementedError
 
-    def _unsplit_free_segments(self, pool: int) -> list:
-        """The segments of ``pool`` that are one free block, in ``(size, address)`` order."""
-        blocks = self._free_blocks(pool)
-        return blocks["segment"][~blocks["split"]].tolist()
+    def _try_allocate_expandable(self, pool: int, size: int):
+        """PyTorch's ``try_allocate_expandable_block``: a free block of at least
+        ``size`` bytes, mapping pages as needed; None when mapping fails."""
+        raise NotImplementedError(f"{type(self).__name__} has no expandable segments")
+
+    def _unmap_free_blocks(self, pool: int, blocks: list[tuple[int, int]]) -> None:
+        """PyTorch's ``unmap_block`` on each free expandable block ``(size, ptr)``, and
+        ``release_expandable_segment`` on every segment left with nothing mapped."""
+        raise NotImplementedError(f"{type(self).__name__} has no expandable segments")
 
     @abc.abstractmethod
     def _free_blocks(self, pool: int) -> np.ndarray:

@@ -109,6 +109,12 @@ class SubAllocator(abc.ABC):
         self.num_frees += 1
         self.bytes_held -= nbytes
 
+    def address_space(self) -> tuple[int, int | None]:
+        """``(start, length)`` of the addresses ``alloc_at`` may map (``supports_remap``
+        backends; ``length`` None: unbounded), for callers that lay out their own
+        reservations in it (the caching policy's expandable segments)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot map at a chosen address")
+
     def total_memory(self) -> int | None:
         """Total bytes this backend could ever provide (``capacity``), None if unbounded."""
         return self.capacity

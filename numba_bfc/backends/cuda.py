@@ -339,6 +339,10 @@ class CudaVirtualSubAllocator(_CudaBackend):
         self._pieces: SortedDict = SortedDict()
         self._closed = False
 
+    def address_space(self) -> tuple[int, int | None]:
+        """The reserved range: ``(va_base, va_size)``."""
+        return self.va_base, self.va_size
+
     def _find_gap(self, size: int, alignment: int) -> int | None:
         # Lowest-address fit: regions freed in the middle (BFC's free-region
         # collection) leave holes that are reused before the range grows.

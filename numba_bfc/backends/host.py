@@ -118,6 +118,12 @@ class HostSubAllocator(SubAllocator):
             raise ValueError(f"free({ptr:#x}, {nbytes}): not a region of this backend")
         del self._buffers[ptr]
 
+    def address_space(self) -> tuple[int, int | None]:
+        """The contiguous buffer: twice the capacity, from its 2 MiB-aligned start."""
+        if not self.contiguous:
+            return super().address_space()
+        return self._arena_base, self._arena_end - self._arena_base
+
     @_under_map_lock
     def mapped_ranges(self) -> list[tuple[int, int]]:
         """``[(start, size), ...]`` of every live range, in address order."""

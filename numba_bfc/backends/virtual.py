@@ -116,6 +116,12 @@ class VirtualSubAllocator(SubAllocator):
         # Let a contiguous space shrink back, as unmapping the tail of a VMM range does.
         self._top = self._mapped.top(self._base)
 
+    def address_space(self) -> tuple[int, int | None]:
+        """``(base, None)``: a contiguous space maps anywhere from its base up."""
+        if not self.contiguous:
+            return super().address_space()
+        return self._base, None
+
     def mapped_ranges(self) -> list[tuple[int, int]]:
         """``[(start, size), ...]`` of every live range, in address order."""
         return [(s, e - s) for s, e in self._mapped.ranges.items()]

@@ -51,7 +51,7 @@ from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, IpcHandle, 
 from numba.cuda.cudadrv import driver as _drv
 from numba.cuda.cudadrv.driver import CudaAPIError, MemoryPointer
 
-from .._config import conf_from_env, parse_str
+from .._config import conf_from_env, parse_bool, parse_str
 from ..allocators import POLICIES as ALLOCATORS
 from ..backends.base import SubAllocator, _RangeMap
 from ..errors import InvalidPointerError, OutOfMemoryError
@@ -195,6 +195,9 @@ class _TrackedBackend(SubAllocator):
     def total_memory(self) -> int | None:
         return self.inner.total_memory()
 
+    def address_space(self) -> tuple[int, int | None]:
+        return self.inner.address_space()
+
     def _alloc(self, nbytes: int, alignment: int) -> tuple[int, int] | None:
         got = self.inner.alloc(nbytes, alignment)
         if got is not None:
@@ -334,8 +337,15 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         env = conf_from_env(PLUGIN_CONF_KEYS)
         self.policy = _check_choice(opts.pop("policy", env.get("policy", "bfc")), POLICIES,
                                     "policy")
-        # The compact policy needs one contiguous space: CUDA virtual memory.
-        default_backend = "virtual" if self.policy == "compact" else "plain"
+        # The compact policy, and expandable segments, map pages into reserved
+        # address space: CUDA virtual memory.
+        expandable = opts.get("expandable_segments")
+        if expandable is None:
+            expandable = conf_from_env({"expandable_segments": parse_bool}).get(
+                "expandable_segments", False)
+        mapped = self.policy == "compact" or (
+            self.policy == "caching" and parse_bool(expandable, name="expandable_segments"))
+        default_backend = "virtual" if mapped else "plain"
         spec = opts.pop("backend", env.get("backend", default_backend))
         if isinstance(spec, str):
             spec = _check_choice(spec, BACKENDS, "backend")

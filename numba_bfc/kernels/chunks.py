@@ -8,9 +8,8 @@ decide which chunk to use and when to split. Names follow TF's BFC allocator
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from .jit import helper, inner
+from .jit import helper, inner, njit
 from .layout import (
     NEED_ROWS,
     NO_HANDLE,
@@ -180,6 +179,29 @@ def empty_region_row(regions):
 
 
 @inner
+def open_region(chunks, regions, state, ptr, size, pool_bin):
+    """A new region row for ``[ptr, ptr+size)``, one chunk (not binned) covering it;
+    returns ``(row, chunk)``, or row -1 with nothing changed when the region
+    table is full. The caller checked that a chunk row is free."""
+    r = empty_region_row(regions)
+    if r < 0:
+        return r, NO_HANDLE
+    h = new_row(chunks, state)
+    regions[r]["base"] = ptr
+    regions[r]["size"] = size
+    regions[r]["first"] = h
+    regions[r]["last"] = h
+    regions[r]["bin"] = pool_bin
+    regions[r]["last_piece"] = ptr
+    regions[r]["page"] = 0
+    state[S_NUM_REGIONS] += 1
+    chunks[h]["ptr"] = ptr
+    chunks[h]["size"] = size
+    chunks[h]["region"] = r
+    return r, h
+
+
+@inner
 def add_region(chunks, bins, regions, state, ptr, size, coalesce, pool_bin):
     """Add backend memory ``[ptr, ptr+size)`` as one free chunk (TF's ``Extend`` tail).
 
@@ -199,16 +221,9 @@ def add_region(chunks, bins, regions, state, ptr, size, coalesce, pool_bin):
                 r = i
                 break
     if r < 0:
-        r = empty_region_row(regions)
+        r, h = open_region(chunks, regions, state, ptr, size, pool_bin)
         if r < 0:
             return NEED_ROWS
-        h = new_row(chunks, state)
-        regions[r]["base"] = ptr
-        regions[r]["size"] = size
-        regions[r]["first"] = h
-        regions[r]["last"] = h
-        regions[r]["bin"] = pool_bin
-        state[S_NUM_REGIONS] += 1
     else:
         h = new_row(chunks, state)
         last = regions[r]["last"]
@@ -246,29 +261,6 @@ def free_region_rows(chunks, regions, out):
         if regions[r]["size"] > 0 and not region_in_use(chunks, regions, r):
             out[n] = r
             n += 1
-    return n
-
-
-@inner
-def whole_free_regions(chunks, regions, pool_bin, out):
-    """Write the rows of the regions with fixed bin ``pool_bin`` that are one
-    free chunk into ``out``, in ``(size, base)`` order; return how many."""
-    n = 0
-    for r in range(regions.shape[0]):
-        h = regions[r]["first"]
-        if (regions[r]["size"] > 0 and regions[r]["bin"] == pool_bin and h == regions[r]["last"]
-                and chunks[h]["allocation_id"] == -1):
-            out[n] = r
-            n += 1
-    # Insertion sort: a pool has few such regions, and this keeps the order stable.
-    for i in range(1, n):
-        r = out[i]
-        j = i - 1
-        while j >= 0 and (regions[out[j]]["size"], regions[out[j]]["base"]) > (
-                regions[r]["size"], regions[r]["base"]):
-            out[j + 1] = out[j]
-            j -= 1
-        out[j + 1] = r
     return n
 
 

@@ -29,9 +29,10 @@ Kernels must therefore never be compiled with ``nogil=True``.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, types
+from numba import carray, types
 from numba.core.extending import intrinsic
 
+from .jit import njit
 from .layout import (
     BIN_DTYPE,
     CHUNK_DTYPE,

@@ -13,11 +13,58 @@ nobody calls a kernel that way). So:
 - ``inner``: a ``helper`` that only kernels call: no wrapper at all.
 
 All are cached (``cache=True``) and none releases the GIL (``kernels.guard``).
+
+Every kernel of the package is compiled through ``njit`` here, which keys
+Numba's cache on all the package's kernel sources, not only the function's
+own file. Numba checks only that file, yet a kernel inlines helpers from
+other files and builds its table views from ``layout``'s dtypes: after an
+edit there, or an upgrade that changed them, the cache would serve machine
+code built for the old layout.
 """
 
 from __future__ import annotations
 
-from numba import njit
+import functools
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from numba import njit as _numba_njit
+
+# The packages whose modules define kernels; any of them may be inlined into another.
+_KERNEL_PACKAGES = ("kernels", "policies", "planning", "traces")
+
+
+@functools.cache
+def kernel_sources_digest() -> str:
+    """A digest of every kernel source file of the package (computed once)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for package in _KERNEL_PACKAGES:
+        for path in sorted((root / package).glob("*.py")):
+            digest.update(f"{package}/{path.name}".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def njit(**options: Any) -> Callable[[Callable], Any]:
+    """``numba.njit(**options)``, whose cache (with ``cache=True``) is valid only
+    for the current kernel sources of the whole package."""
+
+    def decorate(fn: Callable) -> Any:
+        dispatcher = _numba_njit(**options)(fn)
+        # Numba stores the stamp of the function's file in the cache index and
+        # drops entries whose stamp differs; adding the digest drops them when
+        # any kernel source changed. Without these (private) attributes the
+        # cache is Numba's own.
+        cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+        if cache_file is not None and hasattr(cache_file, "_source_stamp"):
+            cache_file._source_stamp = (cache_file._source_stamp, kernel_sources_digest())
+        return dispatcher
+
+    return decorate
+
 
 operation = njit(cache=True, no_cfunc_wrapper=True)
 helper = njit(cache=True, forceinline=True, no_cfunc_wrapper=True)

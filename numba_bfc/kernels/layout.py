@@ -10,7 +10,9 @@ Unused rows are chained through ``next`` into a free-handle list.
 ``ptr``            address of the chunk's first byte
 ``size``           bytes covered by the chunk (a multiple of the rounding)
 ``requested_size`` bytes the client asked for (in-use chunks)
-``allocation_id``  > 0 while in use, -1 when free
+``allocation_id``  > 0 while in use, -1 when free, ``UNMAPPED`` (-2) for
+                   address space with no memory (the caching policy's
+                   expandable segments)
 ``freed_at_count`` timing-counter tag of the last timestamped free, 0 if none
 ``priority``       treap priority (a hash of ``ptr``), for the ordered free sets
 ``prev``/``next``  address-adjacent chunks in the same region, -1 at the ends
@@ -31,7 +33,9 @@ marks an unused row): ``base``, ``size``, ``first`` and ``last`` chunk handles,
 one bin every free chunk of the region goes to (the caching policy's pools,
 where a block's pool is fixed by its segment, not by its size), and
 ``last_piece``: where the newest backend allocation merged into the region
-starts (the compact policy can give back only whole backend allocations).
+starts (the compact policy can give back only whole backend allocations), and
+``page``: 0, or for an expandable segment of the caching policy (address space
+mapped page by page, PyTorch's ``ExpandableSegment``) its page size.
 
 Pointer map: ``int64[cap, 2]`` open-addressing hash table ``(ptr, handle)`` of
 in-use chunks (key 0 = empty slot), so pointer -> chunk is O(1) and host
@@ -80,10 +84,14 @@ REGION_DTYPE = np.dtype(
         ("last", np.int64),
         ("bin", np.int64),
         ("last_piece", np.int64),
+        ("page", np.int64),
     ]
 )
 
 NO_HANDLE = -1
+#: ``allocation_id`` of a chunk of address space with no memory behind it (a
+#: caching-policy expandable segment's unmapped block): neither free nor in use.
+UNMAPPED = -2
 
 # State slots.
 S_NEXT_ALLOCATION_ID = 0

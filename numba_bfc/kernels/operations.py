@@ -19,7 +19,6 @@ from .chunks import (
     punch_region,
     remove_region,
     trim_region,
-    whole_free_regions,
 )
 from .guard import table_views
 from .jit import operation
@@ -45,13 +44,6 @@ def free_region_rows_op(state, out):
     """``chunks.free_region_rows`` on the recorded tables."""
     chunks, _, regions, _, _, _ = table_views(state)
     return free_region_rows(chunks, regions, out)
-
-
-@operation
-def whole_free_regions_op(state, pool_bin, out):
-    """``chunks.whole_free_regions`` on the recorded tables."""
-    chunks, _, regions, _, _, _ = table_views(state)
-    return whole_free_regions(chunks, regions, pool_bin, out)
 
 
 @operation

@@ -9,9 +9,8 @@ one half by doubling (``map_rehash``) before a kernel could overfill it.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from .jit import helper, inner
+from .jit import helper, inner, njit
 from .layout import NO_HANDLE, S_MAP_COUNT
 
 

@@ -16,9 +16,8 @@ the chunk table's ``size``, ``ptr``, ``priority`` and link fields will do
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from .jit import helper, inner
+from .jit import helper, inner, njit
 from .layout import BIN_DTYPE, CHUNK_DTYPE, NO_HANDLE
 
 

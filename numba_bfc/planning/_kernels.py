@@ -18,8 +18,8 @@ Three small data structures are shared by the strategies:
 """
 
 import numpy as np
-from numba import njit
 
+from ..kernels.jit import njit
 from ..kernels.tree import (
     ordered_set,
     tree_insert,

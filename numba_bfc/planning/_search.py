@@ -26,9 +26,8 @@ time.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from ..kernels.jit import inner
+from ..kernels.jit import inner, njit
 
 FOUND = 1
 INFEASIBLE = 0

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ..kernels.guard import table_views
-from ..kernels.jit import inner, operation
+from ..kernels.jit import inner, njit, operation
 from ..kernels.layout import INVALID_POINTER, S_POOL_BYTES
 from .bfc import UNTAGGED, bfc_allocate, bfc_deallocate
 from .caching import caching_allocate, caching_deallocate

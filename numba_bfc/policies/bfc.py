@@ -11,7 +11,6 @@ again. The façade calls the ``*_op`` kernels, which take the state alone
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ..kernels.chunks import (
     HONOUR_TIMESTAMPS,
@@ -25,7 +24,7 @@ from ..kernels.chunks import (
     try_to_coalesce,
 )
 from ..kernels.guard import may_proceed, table_views
-from ..kernels.jit import inner, operation
+from ..kernels.jit import inner, njit, operation
 from ..kernels.layout import (
     INVALID_POINTER,
     NEED_ROWS,

@@ -18,13 +18,15 @@ blocks by.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ..kernels.chunks import (
     IGNORE_TIMESTAMPS,
     SEPARATE_REGIONS,
     add_region,
     insert_free,
+    merge_chunks,
+    open_region,
+    release_row,
     remove_free,
     remove_region,
     room_for_operation,
@@ -33,19 +35,24 @@ from ..kernels.chunks import (
     try_to_coalesce,
 )
 from ..kernels.guard import may_proceed, table_views
-from ..kernels.jit import helper, inner, operation
+from ..kernels.jit import helper, inner, njit, operation
 from ..kernels.layout import (
     INVALID_POINTER,
     NEED_ROWS,
     NO_HANDLE,
     NOT_FOUND,
+    S_FREE_ROWS,
     S_LARGEST_ALLOC_SIZE,
     S_NEXT_ALLOCATION_ID,
+    S_NUM_REGIONS,
+    S_PEAK_POOL_BYTES,
+    S_POOL_BYTES,
     STATE_SIZE,
     TABLES_BUSY,
+    UNMAPPED,
 )
 from ..kernels.ptrmap import map_insert, map_remove
-from ..kernels.tree import tree_lower_bound
+from ..kernels.tree import tree_lower_bound, tree_successor
 
 # PyTorch's constants (c10/cuda/CUDACachingAllocator.cpp).
 MIN_BLOCK_SIZE = 512  # kMinBlockSize: every size is a multiple
@@ -88,6 +95,7 @@ C_MAX_SPLIT_SIZE = STATE_SIZE  # blocks this big are never split (int64 max: unl
 C_MAX_NON_SPLIT_ROUNDING = STATE_SIZE + 1  # how much bigger an oversize block may be
 C_GC_ACTIVE = STATE_SIZE + 2  # 1: count lookups per pool (the GC age clock)
 C_GC_CLOCK = STATE_SIZE + 3  # + pool: the pool's get_free_block call count
+C_EXPANDABLE = STATE_SIZE + 5  # 1: expandable segments (PyTorch's expandable_segments:True)
 C_DIVISIONS = STATE_SIZE + 8  # 16 roundup_power2_divisions entries
 C_STATS = C_DIVISIONS + ROUNDUP_INTERVALS  # NUM_STATS * 3 * 4 statistics
 CACHING_STATE_SIZE = C_STATS + NUM_STATS * 3 * 4
@@ -172,8 +180,23 @@ def is_split(chunks, h):
     return chunks[h]["prev"] != NO_HANDLE or chunks[h]["next"] != NO_HANDLE
 
 
+@njit(cache=True, inline="always")
+def is_expandable(chunks, regions, h):
+    """True if block ``h`` lies in an expandable segment."""
+    return regions[chunks[h]["region"]]["page"] > 0
+
+
 @inner
-def get_free_block(chunks, bins, state, pool, size):
+def expandable_size(chunks, h):
+    """What free block ``h`` can grow to: itself and the unmapped block after it."""
+    nxt = chunks[h]["next"]
+    if nxt != NO_HANDLE and chunks[nxt]["allocation_id"] == UNMAPPED:
+        return chunks[h]["size"] + chunks[nxt]["size"]
+    return chunks[h]["size"]
+
+
+@inner
+def get_free_block(chunks, bins, regions, state, pool, size):
     """PyTorch's ``get_free_block``: the best fit in ``pool``, unless an oversize rule
     rejects it. Returns a handle or -1."""
     if state[C_GC_ACTIVE]:
@@ -181,6 +204,13 @@ def get_free_block(chunks, bins, state, pool, size):
     h = tree_lower_bound(chunks, bins[pool]["root"], size)
     if h == NO_HANDLE:
         return NO_HANDLE
+    # An expandable block counts as what it can grow to: walk on while the next
+    # block in (size, address) order could grow to less (PyTorch's local walk).
+    while is_expandable(chunks, regions, h):
+        nxt = np.int64(tree_successor(chunks, h))  # one type for h: one compile
+        if nxt == NO_HANDLE or expandable_size(chunks, nxt) >= expandable_size(chunks, h):
+            break
+        h = nxt
     found = chunks[h]["size"]
     max_split = state[C_MAX_SPLIT_SIZE]
     # A normal request never takes an oversize block; an oversize request only
@@ -196,7 +226,7 @@ def get_free_block(chunks, bins, state, pool, size):
 def caching_should_split(state, pool, block_size, size):
     """PyTorch's ``should_split``."""
     remaining = block_size - size
-    if pool == SMALL_POOL:
+    if pool == SMALL_POOL or state[C_EXPANDABLE]:
         return remaining >= MIN_BLOCK_SIZE
     return size < state[C_MAX_SPLIT_SIZE] and remaining > SMALL_SIZE
 
@@ -219,15 +249,19 @@ def take_block(chunks, bins, regions, pmap, state, h, requested):
     size = round_size(requested, state)
     remove_free(chunks, bins, h)
     already_split = is_split(chunks, h)
+    # PyTorch leaves expandable blocks out of inactive_split.
+    counted = not is_expandable(chunks, regions, h)
     if caching_should_split(state, pool, chunks[h]["size"], size):
         rest = split_chunk(chunks, bins, regions, state, h, size)
         pool_insert(chunks, bins, regions, state, rest)
-        if already_split:
+        if not counted:
+            pass
+        elif already_split:
             stat_update(state, INACTIVE_SPLIT_BYTES, pool, -size)
         else:
             stat_update(state, INACTIVE_SPLIT_BYTES, pool, chunks[rest]["size"])
             stat_update(state, INACTIVE_SPLIT, pool, UP)
-    elif already_split:
+    elif already_split and counted:
         stat_update(state, INACTIVE_SPLIT_BYTES, pool, -chunks[h]["size"])
         stat_update(state, INACTIVE_SPLIT, pool, DOWN)
     block = chunks[h]["size"]
@@ -257,7 +291,7 @@ def caching_allocate(chunks, bins, regions, pmap, state, requested):
     if not room_for_operation(pmap, state):
         return NEED_ROWS
     size = round_size(requested, state)
-    h = get_free_block(chunks, bins, state, pool_for_size(size), size)
+    h = get_free_block(chunks, bins, regions, state, pool_for_size(size), size)
     if h == NO_HANDLE:
         return NOT_FOUND
     return take_block(chunks, bins, regions, pmap, state, h, requested)
@@ -303,8 +337,9 @@ def caching_deallocate(chunks, bins, regions, pmap, state, ptr):
         net_blocks += 1
         net_bytes += chunks[h]["size"]
     pool_insert(chunks, bins, regions, state, h)
-    stat_update(state, INACTIVE_SPLIT, pool, net_blocks)
-    stat_update(state, INACTIVE_SPLIT_BYTES, pool, net_bytes)
+    if not is_expandable(chunks, regions, h):
+        stat_update(state, INACTIVE_SPLIT, pool, net_blocks)
+        stat_update(state, INACTIVE_SPLIT_BYTES, pool, net_bytes)
     stat_update(state, ACTIVE, pool, DOWN)
     stat_update(state, ACTIVE_BYTES, pool, -size)
     stat_update(state, REQUESTED_BYTES, pool, -requested)
@@ -334,6 +369,154 @@ def caching_release_segment(chunks, bins, regions, state, r):
     if size >= state[C_MAX_SPLIT_SIZE]:
         stat_update(state, OVERSIZE_SEGMENTS, AGGREGATE_ONLY, DOWN)
     return size
+
+
+# ---------------------------------------------------------------- expandable segments
+@inner
+def caching_add_expandable(chunks, regions, state, base, size, pool, page):
+    """Record a new expandable segment: ``size`` bytes of address space at ``base``,
+    one unmapped block, no memory (no stats change, as in PyTorch). Returns the
+    region row or ``NEED_ROWS``."""
+    if state[S_FREE_ROWS] < 1:
+        return NEED_ROWS
+    r, h = open_region(chunks, regions, state, base, size, pool)
+    if r < 0:
+        return NEED_ROWS
+    regions[r]["page"] = page
+    chunks[h]["allocation_id"] = UNMAPPED
+    return r
+
+
+@inner
+def find_expandable_block(chunks, regions, r, size):
+    """PyTorch's ``find_expandable_block`` within expandable region ``r``: the first
+    unmapped block (by address), or the free block right before it, that starts
+    a run of free or unmapped blocks of at least ``size`` bytes; -1 if none."""
+    h = regions[r]["first"]
+    while h != NO_HANDLE:
+        if chunks[h]["allocation_id"] == UNMAPPED:
+            c = h
+            prv = chunks[h]["prev"]
+            if prv != NO_HANDLE and chunks[prv]["allocation_id"] == -1:
+                c = prv
+            room = 0
+            b = c
+            while room < size and b != NO_HANDLE and chunks[b]["allocation_id"] < 0:
+                room += chunks[b]["size"]
+                b = chunks[b]["next"]
+            if room >= size:
+                return c
+        h = chunks[h]["next"]
+    return NO_HANDLE
+
+
+@inner
+def caching_map_block(chunks, bins, regions, state, h, nbytes):
+    """PyTorch's ``map_block`` once the backend mapped the first ``nbytes`` (whole
+    pages) of unmapped block ``h``: that part becomes free memory, merged with
+    free neighbours, in its pool; the rest stays unmapped. Returns the free
+    block's handle or ``NEED_ROWS`` (nothing changed)."""
+    if state[S_FREE_ROWS] < 1:
+        return NEED_ROWS
+    pool = regions[chunks[h]["region"]]["bin"]
+    if nbytes < chunks[h]["size"]:
+        rest = split_chunk(chunks, bins, regions, state, h, nbytes)
+        chunks[rest]["allocation_id"] = UNMAPPED
+    chunks[h]["allocation_id"] = -1
+    h = try_to_coalesce(chunks, bins, regions, state, h, IGNORE_TIMESTAMPS)
+    pool_insert(chunks, bins, regions, state, h)
+    stat_update(state, RESERVED_BYTES, pool, nbytes)
+    state[S_POOL_BYTES] += nbytes
+    state[S_PEAK_POOL_BYTES] = max(state[S_PEAK_POOL_BYTES], state[S_POOL_BYTES])
+    return h
+
+
+@inner
+def caching_unmap_block(chunks, bins, regions, state, h, start, nbytes):
+    """PyTorch's ``unmap_block`` once the backend unmapped ``[start, start+nbytes)``,
+    the whole pages inside free block ``h``: the pieces before and after stay
+    free blocks; the middle becomes unmapped, merged with unmapped neighbours.
+    Returns the unmapped block's handle or ``NEED_ROWS`` (nothing changed)."""
+    if state[S_FREE_ROWS] < 2:
+        return NEED_ROWS
+    pool = regions[chunks[h]["region"]]["bin"]
+    remove_free(chunks, bins, h)
+    if start > chunks[h]["ptr"]:
+        middle = split_chunk(chunks, bins, regions, state, h, start - chunks[h]["ptr"])
+        pool_insert(chunks, bins, regions, state, h)
+        h = middle
+    if chunks[h]["size"] > nbytes:
+        after = split_chunk(chunks, bins, regions, state, h, nbytes)
+        pool_insert(chunks, bins, regions, state, after)
+    chunks[h]["allocation_id"] = UNMAPPED
+    chunks[h]["freed_at_count"] = 0
+    nxt = chunks[h]["next"]
+    if nxt != NO_HANDLE and chunks[nxt]["allocation_id"] == UNMAPPED:
+        merge_chunks(chunks, regions, state, h, nxt)
+    prv = chunks[h]["prev"]
+    if prv != NO_HANDLE and chunks[prv]["allocation_id"] == UNMAPPED:
+        merge_chunks(chunks, regions, state, prv, h)
+        h = prv
+    stat_update(state, RESERVED_BYTES, pool, -nbytes)
+    state[S_POOL_BYTES] -= nbytes
+    return h
+
+
+@inner
+def caching_release_expandable(chunks, regions, state, r):
+    """PyTorch's ``release_expandable_segment``: forget region ``r``, one unmapped block."""
+    release_row(chunks, state, regions[r]["first"])
+    regions[r]["size"] = 0
+    regions[r]["first"] = NO_HANDLE
+    regions[r]["last"] = NO_HANDLE
+    regions[r]["bin"] = NO_HANDLE
+    regions[r]["page"] = 0
+    state[S_NUM_REGIONS] -= 1
+
+
+@operation
+def caching_add_expandable_op(state, base, size, pool, page):
+    """``caching_add_expandable`` on the recorded tables (under the lock)."""
+    chunks, _, regions, _, _, st = table_views(state)
+    return caching_add_expandable(chunks, regions, st, base, size, pool, page)
+
+
+@operation
+def find_expandable_block_op(state, r, size):
+    """``find_expandable_block`` on the recorded tables (under the lock)."""
+    chunks, _, regions, _, _, _ = table_views(state)
+    return find_expandable_block(chunks, regions, r, size)
+
+
+@operation
+def caching_map_block_op(state, h, nbytes):
+    """``caching_map_block`` on the recorded tables (under the lock)."""
+    chunks, bins, regions, _, _, st = table_views(state)
+    return caching_map_block(chunks, bins, regions, st, h, nbytes)
+
+
+@operation
+def caching_unmap_block_op(state, h, start, nbytes):
+    """``caching_unmap_block`` on the recorded tables (under the lock)."""
+    chunks, bins, regions, _, _, st = table_views(state)
+    return caching_unmap_block(chunks, bins, regions, st, h, start, nbytes)
+
+
+@operation
+def caching_release_expandable_op(state, r):
+    """``caching_release_expandable`` on the recorded tables (under the lock)."""
+    chunks, _, regions, _, _, st = table_views(state)
+    caching_release_expandable(chunks, regions, st, r)
+    return 0
+
+
+@operation
+def caching_take_block_op(state, h, requested):
+    """``take_block`` of free block ``h`` (a grown expandable block; under the lock)."""
+    chunks, bins, regions, pmap, _, st = table_views(state)
+    if not room_for_operation(pmap, st):
+        return NEED_ROWS
+    return take_block(chunks, bins, regions, pmap, st, h, requested)
 
 
 @operation

@@ -20,11 +20,10 @@ has become worth giving back.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ..kernels.chunks import free_tail_start, round_up
 from ..kernels.guard import may_proceed, table_views
-from ..kernels.jit import inner, operation
+from ..kernels.jit import inner, njit, operation
 from ..kernels.layout import NO_HANDLE, S_MIN_ALLOCATION, STATE_SIZE, TABLES_BUSY
 from .bfc import allocate_from_bins, free_and_coalesce
 

@@ -23,6 +23,7 @@ from ..policies.caching import (
     ALLOCATION,
     INACTIVE_SPLIT,
     INACTIVE_SPLIT_BYTES,
+    LARGE_BUFFER,
     LARGE_POOL,
     MIN_BLOCK_SIZE,
     NUM_STATS,
@@ -31,6 +32,7 @@ from ..policies.caching import (
     REQUESTED_BYTES,
     RESERVED_BYTES,
     SEGMENT,
+    SMALL_BUFFER,
     SMALL_POOL,
     SMALL_SIZE,
 )
@@ -40,9 +42,9 @@ __all__ = ["ReferenceCachingAllocator"]
 
 class _Block:
     __slots__ = ("ptr", "size", "requested_size", "allocated", "pool", "prev", "next",
-                 "segment", "gc_count_base", "allocation_id")
+                 "segment", "gc_count_base", "allocation_id", "mapped")
 
-    def __init__(self, ptr: int, size: int, pool: int, segment) -> None:
+    def __init__(self, ptr: int, size: int, pool: int, segment, mapped: bool = True) -> None:
         self.ptr = ptr
         self.size = size
         self.requested_size = 0
@@ -53,19 +55,44 @@ class _Block:
         self.segment = segment
         self.gc_count_base = 0
         self.allocation_id = -1
+        self.mapped = mapped  # False: address space of an expandable segment, no memory
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
 
+    @property
+    def expandable(self) -> bool:
+        return self.segment.page > 0
+
+    def splice_after(self, other: _Block) -> None:
+        """Link ``other`` (a new block) right after this one."""
+        other.prev, other.next = self, self.next
+        if self.next is not None:
+            self.next.prev = other
+        self.next = other
+
+    def splice_before(self, other: _Block) -> None:
+        """Link ``other`` (a new block) right before this one."""
+        other.prev, other.next = self.prev, self
+        if self.prev is not None:
+            self.prev.next = other
+        else:
+            self.segment.head = other
+        self.prev = other
+
 
 class _Segment:
-    __slots__ = ("base", "size", "pool", "head")
+    """A ``cudaMalloc`` segment, or (``page > 0``) an expandable segment: a range of
+    address space whose blocks are mapped (memory) or not."""
 
-    def __init__(self, base: int, size: int, pool: int) -> None:
+    __slots__ = ("base", "size", "pool", "head", "page")
+
+    def __init__(self, base: int, size: int, pool: int, page: int = 0) -> None:
         self.base = base
         self.size = size
         self.pool = pool
         self.head: _Block | None = None
+        self.page = page
 
     def blocks(self):
         b = self.head
@@ -78,12 +105,24 @@ def _key(b: _Block):
     return (b.size, b.ptr)
 
 
+def _address(b: _Block):
+    return b.ptr
+
+
+def _expandable_size(b: _Block) -> int:
+    """What ``b`` can grow to: itself and the unmapped block after it."""
+    nxt = b.next
+    return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+
 class ReferenceCachingAllocator(CachingBase):
     """PyTorch's caching policy in plain Python; see the module docstring."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._pools = [SortedKeyList(key=_key), SortedKeyList(key=_key)]
+        # Per pool: the unmapped blocks of its expandable segments, by address.
+        self._unmapped = [SortedKeyList(key=_address), SortedKeyList(key=_address)]
         self._clock = [0, 0]  # per pool: get_free_block calls (the GC age clock)
         self._active: dict[int, _Block] = {}
         self._segments_by_base: dict[int, _Segment] = {}
@@ -131,6 +170,12 @@ class ReferenceCachingAllocator(CachingBase):
         if i == len(blocks):
             return None
         b = blocks[i]
+        # A block of an expandable segment counts as what it can grow to: walk on
+        # while the next block could grow to less (a local walk, as PyTorch's).
+        while b.expandable and i + 1 < len(blocks) and \
+                _expandable_size(blocks[i + 1]) < _expandable_size(b):
+            i += 1
+            b = blocks[i]
         if size < self.max_split_size and b.size >= self.max_split_size:
             return None
         if size >= self.max_split_size and b.size >= size + self.max_non_split_rounding:
@@ -139,7 +184,7 @@ class ReferenceCachingAllocator(CachingBase):
 
     def _should_split(self, b: _Block, size: int) -> bool:
         remaining = b.size - size
-        if b.pool == SMALL_POOL:
+        if b.pool == SMALL_POOL or self.expandable_segments:
             return remaining >= MIN_BLOCK_SIZE
         return size < self.max_split_size and remaining > SMALL_SIZE
 
@@ -158,12 +203,14 @@ class ReferenceCachingAllocator(CachingBase):
             b.next = rest
             b.size = size
             self._insert_into_pool(rest)
-            if already_split:
+            if b.expandable:
+                pass  # PyTorch leaves expandable blocks out of inactive_split
+            elif already_split:
                 self._update(INACTIVE_SPLIT_BYTES, pool, -size)
             else:
                 self._update(INACTIVE_SPLIT_BYTES, pool, rest.size)
                 self._update(INACTIVE_SPLIT, pool, 1)
-        elif already_split:
+        elif already_split and not b.expandable:
             self._update(INACTIVE_SPLIT_BYTES, pool, -b.size)
             self._update(INACTIVE_SPLIT, pool, -1)
         b.allocated = True
@@ -180,9 +227,9 @@ class ReferenceCachingAllocator(CachingBase):
         return b.ptr
 
     def _try_merge(self, dst: _Block, src: _Block | None) -> int:
-        if src is None or src.allocated:
+        if src is None or src.allocated or src.mapped != dst.mapped:
             return 0
-        self._pools[src.pool].remove(src)
+        (self._pools if src.mapped else self._unmapped)[src.pool].remove(src)
         if dst.prev is src:
             dst.ptr = src.ptr
             dst.prev = src.prev
@@ -214,9 +261,6 @@ class ReferenceCachingAllocator(CachingBase):
         if size >= self.max_split_size:
             self._update(OVERSIZE_SEGMENTS, None, 1)
         return seg
-
-    def _take_from_segment(self, segment: _Segment, n: int) -> int:
-        return self._alloc_found_block(segment.head, n)
 
     def _release_segment(self, segment) -> tuple[int, int]:
         seg = segment if isinstance(segment, _Segment) else self._segments_by_base[segment]
@@ -251,8 +295,9 @@ class ReferenceCachingAllocator(CachingBase):
         if b.is_split():
             net_blocks += 1
             net_bytes += b.size
-        self._update(INACTIVE_SPLIT, pool, net_blocks)
-        self._update(INACTIVE_SPLIT_BYTES, pool, net_bytes)
+        if not b.expandable:
+            self._update(INACTIVE_SPLIT, pool, net_blocks)
+            self._update(INACTIVE_SPLIT_BYTES, pool, net_bytes)
         self._update(ACTIVE, pool, -1)
         self._update(ACTIVE_BYTES, pool, -size)
         self._update(REQUESTED_BYTES, pool, -requested)
@@ -263,7 +308,7 @@ class ReferenceCachingAllocator(CachingBase):
         out = np.zeros(len(blocks), dtype=FREE_BLOCK_DTYPE)
         for i, b in enumerate(blocks):
             out[i] = (b.size, b.ptr, b.segment.base, b.is_split(),
-                      self._clock[pool] - b.gc_count_base)
+                      self._clock[pool] - b.gc_count_base, b.expandable)
         return out
 
     def _lookup(self, ptr: int):
@@ -283,8 +328,8 @@ class ReferenceCachingAllocator(CachingBase):
         return max((p[-1].size for p in self._pools if len(p)), default=0)
 
     def _records(self) -> np.ndarray:
-        blocks = sorted((b for s in self._segments_by_base.values() for b in s.blocks()),
-                        key=lambda b: b.ptr)
+        blocks = sorted((b for s in self._segments_by_base.values() for b in s.blocks()
+                         if b.mapped), key=lambda b: b.ptr)
         rec = np.zeros(len(blocks), dtype=_report.RECORD_DTYPE)
         for i, b in enumerate(blocks):
             rec[i] = (b.ptr, b.size, b.requested_size if b.allocated else 0, b.pool,
@@ -292,4 +337,120 @@ class ReferenceCachingAllocator(CachingBase):
         return rec
 
     def _segment_list(self) -> list[tuple[int, int, int]]:
-        return sorted((s.base, s.size, s.pool) for s in self._segments_by_base.values())
+        out = []
+        for s in self._segments_by_base.values():
+            if not s.page:
+                out.append((s.base, s.size, s.pool))
+                continue
+            # An expandable segment shows as its runs of mapped blocks, as in PyTorch's snapshot.
+            start = end = None
+            for b in s.blocks():
+                if b.mapped and start is not None and b.ptr == end:
+                    end += b.size
+                elif b.mapped:
+                    start, end = b.ptr, b.ptr + b.size
+                if start is not None and (not b.mapped or b.next is None):
+                    out.append((start, end - start, s.pool))
+                    start = end = None
+        return sorted(out)
+
+    # ------------------------------------------------------------------ expandable segments
+    def _find_expandable_block(self, pool: int, size: int) -> _Block | None:
+        """PyTorch's ``find_expandable_block``: from the lowest-address unmapped
+        block of any of the pool's segments (with the free block before it), the
+        first run of free or unmapped blocks of ``size`` bytes; else a new segment."""
+        for c in self._unmapped[pool]:
+            if c.prev is not None and not c.prev.allocated:
+                c = c.prev
+            room, b = 0, c
+            while room < size and b is not None and not b.allocated:
+                room += b.size
+                b = b.next
+            if room >= size:
+                return c
+        page = SMALL_BUFFER if pool == SMALL_POOL else LARGE_BUFFER
+        reserved = self._reserve_address_space(page)
+        if reserved is None:
+            return None
+        seg = _Segment(reserved[0], reserved[1], pool, page)
+        seg.head = _Block(seg.base, seg.size, pool, seg, mapped=False)
+        self._segments_by_base[seg.base] = seg
+        self._unmapped[pool].add(seg.head)
+        return seg.head
+
+    def _map_block(self, b: _Block, size: int) -> bool:
+        """PyTorch's ``map_block``: map the pages holding the first ``size`` bytes of
+        unmapped ``b``; the rest stays an unmapped block after it."""
+        seg = b.segment
+        first = (b.ptr - seg.base) // seg.page
+        last = -(-(b.ptr + size - seg.base) // seg.page)
+        mapped = (last - first) * seg.page
+        if not self._map_pages(b.ptr, mapped):
+            return False
+        self._unmapped[b.pool].remove(b)
+        b.mapped = True
+        if mapped < b.size:
+            rest = _Block(b.ptr + mapped, b.size - mapped, b.pool, seg, mapped=False)
+            b.splice_after(rest)
+            self._unmapped[b.pool].add(rest)
+            b.size = mapped
+        self._try_merge(b, b.prev)
+        self._try_merge(b, b.next)
+        self._insert_into_pool(b)
+        self._update(RESERVED_BYTES, b.pool, mapped)
+        return True
+
+    def _try_allocate_expandable(self, pool: int, size: int) -> _Block | None:
+        c = self._find_expandable_block(pool, size)
+        if c is None:
+            return None
+        if not c.mapped and not self._map_block(c, min(c.size, size)):
+            return None
+        while c.size < size:
+            # c is free and mapped, and an unmapped block follows it.
+            nxt = c.next
+            if not self._map_block(nxt, min(size - c.size, nxt.size)):
+                return None
+            c = nxt
+        return c
+
+    def _take_from_segment(self, segment, n: int) -> int:
+        if isinstance(segment, _Block):  # a grown expandable block
+            return self._alloc_found_block(segment, n)
+        return self._alloc_found_block(segment.head, n)
+
+    def _unmap_free_blocks(self, pool: int, blocks: list[tuple[int, int]]) -> None:
+        free = self._pools[pool]
+        for key in blocks:
+            b = free[free.bisect_key_left(key)]
+            self._unmap_block(b)
+            if b.prev is None and b.next is None:  # nothing of the segment is mapped
+                del self._segments_by_base[b.segment.base]
+                self._unmapped[pool].remove(b)
+                self._release_address_space(b.segment.base)
+
+    def _unmap_block(self, b: _Block) -> None:
+        """PyTorch's ``unmap_block``: give back the whole pages inside free ``b``;
+        the partial pages at either end stay mapped, as free blocks."""
+        seg = b.segment
+        first = -(-(b.ptr - seg.base) // seg.page)
+        last = (b.ptr + b.size - seg.base) // seg.page
+        if first >= last:
+            return
+        start, nbytes = seg.base + first * seg.page, (last - first) * seg.page
+        self._unmap_pages(start, nbytes)
+        self._pools[b.pool].remove(b)
+        if start > b.ptr:
+            before = _Block(b.ptr, start - b.ptr, b.pool, seg)
+            b.splice_before(before)
+            self._insert_into_pool(before)
+        after = b.ptr + b.size - (start + nbytes)
+        if after > 0:
+            tail = _Block(start + nbytes, after, b.pool, seg)
+            b.splice_after(tail)
+            self._insert_into_pool(tail)
+        b.ptr, b.size, b.mapped = start, nbytes, False
+        self._try_merge(b, b.prev)
+        self._try_merge(b, b.next)
+        self._unmapped[b.pool].add(b)
+        self._update(RESERVED_BYTES, b.pool, -nbytes)

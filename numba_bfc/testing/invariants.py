@@ -176,8 +176,13 @@ def _check_caching(a, records, largest) -> None:
         seg_records = records[(records["address"] >= seg["address"])
                               & (records["address"] < seg["address"] + seg["total_size"])]
         _require(np.all(seg_records["bin"] == pool - 1), "a block is not in its segment's pool")
-        rows = [(C.SEGMENT, 1), (C.RESERVED_BYTES, seg["total_size"])]
-        if seg["total_size"] >= a.max_split_size:
+        expandable = seg["is_expandable"]
+        # An expandable segment's mapped runs are reserved bytes, but PyTorch
+        # counts no segment for them and leaves their blocks out of inactive_split.
+        rows = [(C.RESERVED_BYTES, seg["total_size"])]
+        if not expandable:
+            rows.append((C.SEGMENT, 1))
+        if seg["total_size"] >= a.max_split_size and not expandable:
             expected[C.OVERSIZE_SEGMENTS, 0] += 1
         for b in blocks:
             if b["state"] == "active_allocated":
@@ -185,7 +190,7 @@ def _check_caching(a, records, largest) -> None:
                          (C.ACTIVE_BYTES, b["size"]), (C.REQUESTED_BYTES, b["requested_size"])]
                 if b["size"] >= a.max_split_size:
                     expected[C.OVERSIZE_ALLOCATIONS, 0] += 1
-            elif split:
+            elif split and not expandable:
                 rows += [(C.INACTIVE_SPLIT, 1), (C.INACTIVE_SPLIT_BYTES, b["size"])]
         for stat, amount in rows:
             expected[stat, 0] += amount
@@ -198,10 +203,87 @@ def _check_caching(a, records, largest) -> None:
                      f"{C.STAT_NAMES[s]}[{p}].current {stats[s, p, 0]} != {expected[s, p]}")
             _require(stats[s, p, 1] >= stats[s, p, 0], f"{C.STAT_NAMES[s]}[{p}]: peak < current")
     reserved = int(stats[C.RESERVED_BYTES, 0, 0])
-    _require(a.memory_limit is None or reserved <= a.memory_limit, "reserved exceeds the limit")
+    # Expandable segments map whole pages after a check of the segment size, so
+    # PyTorch's reserved bytes may pass its memory fraction.
+    _require(a.memory_limit is None or a.expandable_segments or reserved <= a.memory_limit,
+             "reserved exceeds the limit")
+    if a.expandable_segments:
+        if hasattr(a, "_chunks"):
+            _check_expandable_tables(a, reserved)
+        else:
+            _check_expandable(a, reserved)
     _require(a.backend.bytes_held >= reserved, "reserved bytes the backend does not hold")
     free_sizes = records["size"][~used]
     _require(largest == (int(free_sizes.max()) if free_sizes.size else 0), "largest free wrong")
+
+
+def _check_expandable(a, reserved: int) -> None:
+    """Expandable segments (the reference allocator's): blocks tile each reserved
+    range; unmapped blocks are whole pages, never adjacent, and exactly the pool's
+    unmapped set; free mapped blocks are exactly the pool's free set; the mapped
+    bytes are the reserved bytes."""
+    mapped = 0
+    unmapped_blocks = [set(), set()]
+    free_blocks = [set(), set()]
+    for seg in a._segments_by_base.values():
+        if not seg.page:
+            free_blocks[seg.pool].update(id(b) for b in seg.blocks() if not b.allocated)
+            mapped += seg.size
+            continue
+        _require(a._reservations.get(seg.base) == seg.size,
+                 f"expandable segment {seg.base:#x} is not its reservation")
+        pos, last = seg.base, None
+        for b in seg.blocks():
+            _require(b.ptr == pos, f"expandable segment {seg.base:#x}: a gap or overlap")
+            pos += b.size
+            if b.mapped:
+                mapped += b.size
+                if not b.allocated:
+                    free_blocks[seg.pool].add(id(b))
+            else:
+                _require((b.ptr - seg.base) % seg.page == 0 and b.size % seg.page == 0,
+                         f"unmapped block {b.ptr:#x} is not whole pages")
+                _require(last is None or last.mapped, f"two adjacent unmapped blocks {b.ptr:#x}")
+                unmapped_blocks[seg.pool].add(id(b))
+            last = b
+        _require(pos == seg.base + seg.size, f"expandable segment {seg.base:#x} not tiled")
+    for pool in (C.SMALL_POOL, C.LARGE_POOL):
+        _require({id(b) for b in a._unmapped[pool]} == unmapped_blocks[pool],
+                 "the unmapped set is not the unmapped blocks")
+        _require({id(b) for b in a._pools[pool]} == free_blocks[pool],
+                 "a pool is not its free mapped blocks")
+    _require(mapped == reserved, f"mapped bytes {mapped} are not the reserved bytes {reserved}")
+
+
+def _check_expandable_tables(a, reserved: int) -> None:
+    """Expandable segments in the tables: each is its reservation; unmapped
+    chunks are whole pages and never adjacent; the pool bytes the batch kernel
+    samples are the reserved bytes."""
+    chunks, regions = a._chunks, a._regions
+    mapped = 0
+    for r in np.flatnonzero(regions["size"] > 0):
+        base, page = int(regions[r]["base"]), int(regions[r]["page"])
+        if not page:
+            mapped += int(regions[r]["size"])
+            continue
+        _require(a._reservations.get(base) == int(regions[r]["size"]),
+                 f"expandable region {base:#x} is not its reservation")
+        h, last_unmapped = int(regions[r]["first"]), False
+        while h != L.NO_HANDLE:
+            unmapped = chunks[h]["allocation_id"] == L.UNMAPPED
+            if unmapped:
+                _require((int(chunks[h]["ptr"]) - base) % page == 0
+                         and int(chunks[h]["size"]) % page == 0,
+                         f"unmapped chunk {int(chunks[h]['ptr']):#x} is not whole pages")
+                _require(not last_unmapped, "two adjacent unmapped chunks")
+                _require(chunks[h]["bin"] == L.NO_HANDLE, "an unmapped chunk is in a pool")
+            else:
+                mapped += int(chunks[h]["size"])
+            last_unmapped = unmapped
+            h = int(chunks[h]["next"])
+    _require(mapped == reserved == int(a._state[L.S_POOL_BYTES]),
+             f"mapped bytes {mapped}, reserved {reserved} and pool bytes "
+             f"{int(a._state[L.S_POOL_BYTES])} differ")
 
 
 def _check_tree(chunks, bins, b) -> list[int]:
@@ -279,7 +361,7 @@ def _check_tables(a) -> None:
     _require(sorted(in_trees) == sorted(free_live.tolist()),
              "free chunks and bin members differ")
     # Pointer map: exactly the in-use chunks.
-    used = live[chunks["allocation_id"][live] != -1]
+    used = live[chunks["allocation_id"][live] > 0]
     keys = pmap[pmap[:, 0] != 0]
     _require(st[L.S_MAP_COUNT] == keys.shape[0] == used.size, "pointer map size wrong")
     mapping = dict(zip(keys[:, 0].tolist(), keys[:, 1].tolist()))

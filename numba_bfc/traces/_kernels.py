@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from ..kernels.jit import njit
 
 ALLOC = 0
 FREE = 1

@@ -52,7 +52,10 @@ def _bfc_factory(cls):
 
 def _caching_factory(cls):
     def make(limit: int | None, backend, **options):
-        return cls(backend or VirtualSubAllocator(), memory_limit=limit, **options)
+        if backend is None:
+            # Expandable segments map pages at chosen addresses: a contiguous space.
+            backend = VirtualSubAllocator(contiguous=bool(options.get("expandable_segments")))
+        return cls(backend, memory_limit=limit, **options)
 
     return make
 

@@ -406,3 +406,38 @@ def test_cupy_arrays_come_from_the_shared_pool():
             assert mgr.allocator.get_stats().bytes_in_use <= in_use - (4 << 20)
         finally:
             cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+
+
+def test_caching_expandable_segments_keep_data_across_unmapping_and_mapping():
+    """PyTorch's expandable segments on CUDA virtual memory: blocks grow in place,
+    empty_cache unmaps whole free pages, and mapping them again keeps every
+    live array's data."""
+    from numba import cuda
+
+    import numba_bfc
+    from numba_bfc.testing.invariants import check_invariants
+
+    with numba_bfc_context(policy="caching", expandable_segments=True) as ctx:
+        mgr = ctx.memory_manager
+        mgr.initialize()
+        if (20 * MiB) % mgr.backend.granularity:
+            pytest.skip(f"pages of 20 MiB need a granularity dividing them, "
+                        f"not {mgr.backend.granularity}")
+        a = cuda.device_array(30 * MiB // 4, dtype=np.uint32)
+        b = cuda.device_array(30 * MiB // 4, dtype=np.uint32)
+        assert span(b)[0] == span(a)[1]  # one range, grown by mapping pages
+        write_pattern(a, 1)
+        write_pattern(b, 2)
+        cuda.synchronize()
+        del a
+        alloc = numba_bfc.current_allocator()  # applies the pending free
+        alloc.empty_cache()  # the first page is free and whole: unmapped
+        assert alloc.memory_reserved() == 60 * MiB - 20 * MiB
+        c = cuda.device_array(25 * MiB // 4, dtype=np.uint32)  # maps the page again
+        write_pattern(c, 3)
+        cuda.synchronize()
+        np.testing.assert_array_equal(b.copy_to_host(), pattern(2, b.size))
+        np.testing.assert_array_equal(c.copy_to_host(), pattern(3, c.size))
+        stats = alloc.memory_stats()
+        assert stats["segment.all.current"] == 0 and stats["num_device_free"] == 1
+        check_invariants(alloc)
