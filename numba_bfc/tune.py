@@ -200,7 +200,8 @@ class TuneResult:
 
     @property
     def saving_bytes(self) -> int:
-        """How much less memory the best settings need than the defaults (smallest no-OOM limit)."""
+        """How much less memory the best settings need than the defaults (smallest no-OOM
+        limit); negative only when they were chosen for fewer OOMs at ``limit``."""
         return self.defaults.min_limit - self.best.min_limit
 
     def to_dict(self) -> dict[str, Any]:
@@ -245,10 +246,16 @@ class TuneResult:
         lines.insert(2, "  ".join("-" * w for w in widths))
         lines.append("")
         if self.best.conf:
-            pct = 100.0 * self.saving_bytes / self.defaults.min_limit
+            pct = 100.0 * abs(self.saving_bytes) / self.defaults.min_limit
             lines.append(f"recommended: {self.conf}")
-            lines.append(f"  needs {format_bytes(self.saving_bytes)} ({pct:.1f}%) less than "
-                         "PyTorch's defaults to run with no OOM")
+            if self.saving_bytes >= 0:
+                lines.append(f"  needs {format_bytes(self.saving_bytes)} ({pct:.1f}%) less "
+                             "than PyTorch's defaults to run with no OOM")
+            else:  # chosen for fewer OOMs at --limit, where neither runs clean
+                lines.append(f"  {self.best.ooms_at_limit} OOMs at the limit against "
+                             f"{self.defaults.ooms_at_limit} with PyTorch's defaults, though "
+                             f"it needs {format_bytes(-self.saving_bytes)} ({pct:.1f}%) more "
+                             "to run with none")
         else:
             lines.append("recommended: PyTorch's defaults (no setting tried does better)")
         if self.best.settings.get("garbage_collection_threshold") is not None:
@@ -342,6 +349,15 @@ def tune(trace: Trace | str | os.PathLike, *, limit: int | None = None,
                       run.candidates, baselines, plan, rounds, time.perf_counter() - t0)
 
 
+def _effective(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` without a knob that has no effect: with no ``max_split_size_mb``
+    no block is oversize, so ``max_non_split_rounding_mb`` goes back to its default
+    (and is not recommended)."""
+    if settings.get("max_split_size_mb") is None:
+        return {**settings, "max_non_split_rounding_mb": DEFAULTS["max_non_split_rounding_mb"]}
+    return settings
+
+
 def _better(a: Candidate, b: Candidate, tolerance: int) -> bool:
     """Whether ``a`` beats ``b``: fewer OOMs at the limit; else a smallest no-OOM limit lower
     by more than ``tolerance``; else one no higher and less reserved with no limit; else as
@@ -406,6 +422,7 @@ class _Runner:
         return results
 
     def evaluate(self, settings_list: list[dict[str, Any]]) -> list[Candidate]:
+        settings_list = [_effective(s) for s in settings_list]
         keys = [tuple(sorted(s.items(), key=lambda kv: kv[0])) for s in settings_list]
         todo = [s for s, k in zip(settings_list, keys) if k not in self._seen]
         for s, c in zip(todo, self._map(evaluate, [(s, self.limit) for s in todo])):

@@ -9,7 +9,7 @@ from _support import churn_with_patterns
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numba_bfc import CachingAllocator, OutOfMemoryError
+from numba_bfc import CachingAllocator, InvalidPointerError, OutOfMemoryError
 from numba_bfc.backends import HostSubAllocator, VirtualSubAllocator
 from numba_bfc.testing import ReferenceCachingAllocator
 from numba_bfc.testing.invariants import check_invariants
@@ -160,11 +160,56 @@ def test_address_space_is_reserved_per_pool_and_fits_the_backend_range(make):
     a = make(backend=backend)
     a.allocate_raw(3 * MIB)
     a.allocate_raw(1000)
-    # PyTorch reserves 1 1/8 of the device memory in whole pages: 580 MiB for
-    # the large pool; the small pool gets the 444 MiB the range has left.
-    assert sorted(a._reservations.values()) == [444 * MIB, 580 * MIB]
+    # PyTorch reserves 1 1/8 of the device memory (576 MiB); a bounded range
+    # gives each pool at most half of it, in whole pages: 500 MiB of 20 MiB
+    # pages, 512 MiB of 2 MiB pages.
+    assert sorted(a._reservations.values()) == [500 * MIB, 512 * MIB]
     start, length = backend.address_space()
     assert all(start <= b and b + n <= start + length for b, n in a._reservations.items())
+
+
+def test_a_request_larger_than_a_reservation_gets_one_that_holds_it(make):
+    backend = HostSubAllocator(capacity=64 * MIB, contiguous=True)  # 128 MiB of addresses
+    a = make(backend=backend)
+    a.allocate_raw(1000)  # the small pool reserves first
+    p = a.allocate_raw(50 * MIB)
+    assert a.allocated_size(p) == 50 * MIB
+    with pytest.raises(OutOfMemoryError):
+        a.allocate_raw(70 * MIB)  # no gap of the range holds it: out of memory
+    unbounded = make()
+    huge = unbounded.allocate_raw(2 << 50)  # more than the 1.125 PiB default reservation
+    assert unbounded.allocated_size(huge) == 2 << 50
+    check_invariants(a)
+
+
+class _FreeingBackend(VirtualSubAllocator):
+    """Frees ``victim`` from inside a mapping, as a finalizer freeing an array
+    can on the thread that holds the allocator's (reentrant) lock."""
+
+    allocator = victim = None
+
+    def _alloc_at(self, ptr, nbytes):
+        if self.victim is not None:
+            victim, self.victim = self.victim, None
+            self.allocator.deallocate_raw(victim)
+        return super()._alloc_at(ptr, nbytes)
+
+
+def test_a_free_arriving_while_a_block_grows_waits_for_it(make):
+    backend = _FreeingBackend(contiguous=True)
+    a = make(backend=backend)
+    backend.allocator = a
+    p1 = a.allocate_raw(3 * MIB)
+    p2 = a.allocate_raw(3 * MIB)  # right before the free [6, 20) MiB that will grow
+    backend.victim = p2  # freed while the next page is mapped
+    q = a.allocate_raw(30 * MIB)
+    assert q == p2 + 3 * MIB  # grown from [6, 20), as if p2 were freed after
+    assert a.memory_allocated() == 3 * MIB + 30 * MIB
+    with pytest.raises(InvalidPointerError):
+        a.deallocate_raw(p2)  # it was freed
+    a.deallocate_raw(p1)
+    a.deallocate_raw(q)
+    check_invariants(a)
 
 
 def test_the_limit_is_checked_against_the_segment_size_then_whole_pages_map(make):

@@ -106,6 +106,19 @@ def test_limit_ranks_ooms_first_and_counts_them():
     assert "OOMs at limit" in result.format()
 
 
+def test_a_choice_made_for_fewer_ooms_says_what_it_costs(tuned):
+    import dataclasses
+
+    result = tuned["resnet_train"]
+    worse = dataclasses.replace(result.best, min_limit=result.defaults.min_limit + MIB,
+                                ooms_at_limit=1)
+    odd = dataclasses.replace(result, limit=300 * MIB, best=worse,
+                              defaults=dataclasses.replace(result.defaults, ooms_at_limit=5))
+    assert odd.saving_bytes == -MIB
+    assert "1 OOMs at the limit against 5 with PyTorch's defaults, though it needs 1.00MiB" \
+        in odd.format()
+
+
 def test_settings_map_to_options_and_pytorch_text():
     settings = {**DEFAULTS, "max_split_size_mb": 128, "roundup_power2_divisions": 4}
     assert pytorch_conf(settings) == "max_split_size_mb:128,roundup_power2_divisions:4"

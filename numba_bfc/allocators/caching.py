@@ -127,6 +127,8 @@ class CachingAllocator(TableStore, CachingBase):
         if _DEALLOCATE.call(self._state, ptr, False) >= 0:
             return
         with self._lock:
+            if self._deferred_frees is not None:
+                return self._free(ptr)  # a free while the slow path holds blocks: later
             if _DEALLOCATE.call(self._state, ptr, True) < 0:
                 self._free(ptr)  # not live: the base class names the problem
 
@@ -235,8 +237,11 @@ class CachingAllocator(TableStore, CachingBase):
             if c is None:
                 return None
         while int(self._chunks[c]["size"]) < size:
-            # c is free and mapped, and an unmapped block follows it.
+            # c is free and mapped, and an unmapped block follows it (find_expandable_block
+            # found the room, or the new segment holds size).
             nxt = int(self._chunks[c]["next"])
+            if nxt == L.NO_HANDLE or self._chunks[nxt]["allocation_id"] != L.UNMAPPED:
+                raise AssertionError(f"expandable block {c} cannot grow to {size} bytes")
             c = self._map_block(nxt, min(size - int(self._chunks[c]["size"]),
                                          int(self._chunks[nxt]["size"])))
             if c is None:
@@ -252,7 +257,7 @@ class CachingAllocator(TableStore, CachingBase):
             if c >= 0:
                 return int(c)
         page = C.SMALL_BUFFER if pool == C.SMALL_POOL else C.LARGE_BUFFER
-        reserved = self._reserve_address_space(page)
+        reserved = self._reserve_address_space(page, size)
         if reserved is None:
             return None
         r = self._until_room(_ADD_EXPANDABLE.call, reserved[0], reserved[1], pool, page)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import contextlib
 import functools
 import sys
 import threading
@@ -138,6 +139,7 @@ class CachingBase(PooledAllocator):
         self._gc_enabled = opts.memory_limit is not None and opts.garbage_collection_threshold > 0
         self.expandable_segments = opts.expandable_segments
         self._reservations: dict[int, int] = {}  # expandable segments' address ranges
+        self._deferred_frees: list[int] | None = None  # see _holding_blocks
         # Reentrant: arrays from empty() free themselves from finalizers, which may
         # run on this thread while it holds the lock; tables are consistent
         # between kernel calls, so a nested free is safe.
@@ -262,8 +264,9 @@ class CachingBase(PooledAllocator):
             self._reset_accumulated()
 
     def empty_cache(self) -> None:
-        """Give every cached segment with no block in use back to the backend."""
-        with self._lock:
+        """Give every cached segment with no block in use back to the backend (with
+        expandable segments: every whole free page)."""
+        with self._lock, self._holding_blocks():
             self._release_cached_blocks()
 
     def memory_snapshot(self) -> list[dict]:
@@ -386,8 +389,29 @@ class CachingBase(PooledAllocator):
             self._trace("alloc", p, n)
         return p
 
+    @contextlib.contextmanager
+    def _holding_blocks(self):
+        """Around slow paths that keep blocks across Python code (expandable segments
+        map, unmap and grow blocks step by step): a free reaching this thread
+        meanwhile (a finalizer freeing an array, under the reentrant lock) would
+        merge blocks under them, so it waits and runs after."""
+        if self._deferred_frees is not None:
+            yield
+            return
+        self._deferred_frees = []
+        try:
+            yield
+        finally:
+            deferred, self._deferred_frees = self._deferred_frees, None
+            for p in deferred:
+                self._free(p)
+
     def _malloc_slow(self, n: int) -> int:
         """Everything after the cache missed: GC, new segments, releases, OOM."""
+        with self._holding_blocks():
+            return self._malloc_slow_held(n)
+
+    def _malloc_slow_held(self, n: int) -> int:
         size = self._round_size(n)
         pool = SMALL_POOL if size <= SMALL_SIZE else LARGE_POOL
         alloc_size = allocation_size(size)
@@ -519,6 +543,11 @@ class CachingBase(PooledAllocator):
             blocks = keep
 
     def _free(self, p: int) -> None:
+        if self._deferred_frees is not None:  # inside _holding_blocks: later
+            if self._lookup(p) is None or p in self._deferred_frees:
+                raise self._invalid_pointer(p)
+            self._deferred_frees.append(p)
+            return
         # Trace entries carry the requested size, as PyTorch's do.
         info = self._lookup(p) if self._history is not None else None
         if self._free_block(p) is None:
@@ -528,15 +557,21 @@ class CachingBase(PooledAllocator):
             self._trace("free_completed", p, info[0])
 
     # ------------------------------------------------------------------ expandable segments
-    def _reserve_address_space(self, page: int) -> tuple[int, int] | None:
-        """Address space for a new expandable segment: PyTorch reserves 1 1/8 of the
-        device memory (here: the backend's capacity, else the limit, else
-        ``UNBOUNDED_DEVICE``) in whole pages. Where the backend's range has no
-        such gap left, the largest gap of whole pages (None if not one page)."""
+    def _reserve_address_space(self, page: int, size: int) -> tuple[int, int] | None:
+        """Address space for a new expandable segment that will hold ``size`` bytes:
+        PyTorch reserves 1 1/8 of the device memory (here: the backend's capacity,
+        else the limit, else ``UNBOUNDED_DEVICE``) in whole pages. A bounded range
+        gives each reservation at most half of it (room for both pools), and where
+        no such gap is left, the largest gap of whole pages; None when no gap holds
+        ``size``."""
         total = self._backend.total_memory() or self.memory_limit or UNBOUNDED_DEVICE
+        least = -(-size // page) * page
         want = -(-(total + total // 8) // page) * page
         start, length = self._backend.address_space()
         end = None if length is None else start + length
+        if length is not None:
+            want = min(want, length // 2 // page * page)
+        want = max(want, least)
         best: tuple[int, int] | None = None
         align = SMALL_BUFFER  # CUDA's granularity: where cuMemAddressReserve puts ranges
         pos = -(-start // align) * align
@@ -546,7 +581,7 @@ class CachingBase(PooledAllocator):
             if room is None or room >= want:
                 best = (pos, want)
                 break
-            if room >= page and (best is None or room > best[1]):
+            if room >= least and (best is None or room > best[1]):
                 best = (pos, room)
             if base is None:
                 break

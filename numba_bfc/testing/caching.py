@@ -369,7 +369,7 @@ class ReferenceCachingAllocator(CachingBase):
             if room >= size:
                 return c
         page = SMALL_BUFFER if pool == SMALL_POOL else LARGE_BUFFER
-        reserved = self._reserve_address_space(page)
+        reserved = self._reserve_address_space(page, size)
         if reserved is None:
             return None
         seg = _Segment(reserved[0], reserved[1], pool, page)
