@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from numba_bfc.cli.plan import main as plan_main
 from numba_bfc.planning import assign_offsets, lower_bound, validate
-from numba_bfc.planning.instances import GADGET, cut_instance, gadget_instance
+from numba_bfc.planning.instances import GADGET, cut_instance, gadget_instance, sliced_instance
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -357,3 +357,23 @@ def test_the_time_cap_is_reported_when_it_ends_a_search():
     assert plan.search.stopped == "time" and plan.search.nodes == 0
     with pytest.raises(ValueError, match="node_limit must be a positive int"):
         assign_offsets(recs, "search", node_limit=0)
+
+
+def test_sliced_instances_are_deterministic_slices_of_long_ranges():
+    recs = sliced_instance(6, 7, horizon=300, unit=512, max_units=10, seed=3)
+    again = sliced_instance(6, 7, horizon=300, unit=512, max_units=10, seed=3)
+    assert recs.tolist() == again.tolist() and len(recs) == 42
+    assert (recs["size"] % 512 == 0).all() and recs["size"].min() >= 512
+    assert recs["size"].max() <= 10 * 512
+    assert recs["first"].min() >= 0 and recs["last"].max() < 300
+    assert (recs["first"] <= recs["last"]).all()
+    # Each range is a chain of slices: a slice that ends right before another starts.
+    ends = set((recs["last"] + 1).tolist())
+    starts = recs["first"].tolist()
+    assert sum(s in ends for s in starts) >= 42 - 6  # all but the first slice of each range
+    assert sliced_instance(6, 7, seed=4).tolist() != sliced_instance(6, 7, seed=3).tolist()
+    plan = assign_offsets(recs, "search", node_limit=20_000)
+    validate(recs, plan)
+    assert lower_bound(recs) <= plan.total_size <= assign_offsets(recs).total_size
+    with pytest.raises(ValueError, match="must be >= 1"):
+        sliced_instance(0, 5)

@@ -1,10 +1,12 @@
-"""Hard planning instances with a known optimum, for testing and benchmarking search.
+"""Hard planning instances, for testing and benchmarking search.
 
-A full ``capacity x horizon`` rectangle (bytes x tasks) is cut into buffers;
-they tile it, so the most bytes live at any task is ``capacity`` at every task
-and the cut itself is a plan of exactly that size: the optimum is known by
-construction, and greedy placements are typically far from it (the
-benchmark family of MiniMalloc and TelaMalloc).
+``cut_instance`` and ``gadget_instance`` have a known optimum: a full
+``capacity x horizon`` rectangle (bytes x tasks) is cut into buffers; they
+tile it, so the most bytes live at any task is ``capacity`` at every task and
+the cut itself is a plan of exactly that size, while greedy placements are
+typically far from it (the benchmark family of MiniMalloc and TelaMalloc).
+``sliced_instance`` (a few long live ranges cut into slices, as compilers
+split large tensors) has none: its plans are compared with the max-live bound.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 
 from .records import make_records
 
-__all__ = ["GADGET", "cut_instance", "gadget_instance"]
+__all__ = ["GADGET", "cut_instance", "gadget_instance", "sliced_instance"]
 
 
 def cut_instance(num_buffers: int, capacity: int = 1 << 20, horizon: int = 1000,
@@ -121,3 +123,45 @@ def gadget_instance(num_buffers: int, capacity: int = 1 << 20, horizon: int = 10
     records = make_records([sizes[i] for i in perm], [firsts[i] for i in perm],
                            [lasts[i] for i in perm])
     return records, np.array([offs[i] for i in perm], dtype=np.int64)
+
+
+def sliced_instance(ranges: int, slices: int, horizon: int = 1000, unit: int = 1024,
+                    max_units: int = 64, seed: int = 0):
+    """``ranges`` long live ranges, each cut into ``slices`` buffers along time.
+
+    Each range spans a random part (a quarter to all) of ``horizon`` tasks and
+    is cut at random tasks into ``slices`` consecutive buffers, one after the
+    other, each of a random size of 1 to ``max_units`` units of ``unit``
+    bytes: the buffers of a tensor that a compiler splits into slices, which
+    stack on each other in ways greedy placement gets wrong.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shuffled usage records (``ranges * slices`` of them, fewer where a range
+        is shorter than ``slices`` tasks).
+
+    Examples
+    --------
+    >>> recs = sliced_instance(4, 5, seed=1)
+    >>> len(recs), bool((recs["size"] % 1024 == 0).all())
+    (20, True)
+    """
+    if ranges < 1 or slices < 1 or horizon < 1 or unit < 1 or max_units < 1:
+        raise ValueError("ranges, slices, horizon, unit and max_units must be >= 1")
+    rng = np.random.default_rng(seed)
+    sizes, firsts, lasts = [], [], []
+    for _ in range(ranges):
+        length = int(rng.integers(max(1, horizon // 4), horizon + 1))
+        start = int(rng.integers(0, horizon - length + 1))
+        k = min(slices, length)
+        cuts = np.sort(rng.choice(np.arange(start + 1, start + length), size=k - 1,
+                                  replace=False)) if k > 1 else np.zeros(0, np.int64)
+        bounds = [start, *cuts.tolist(), start + length]
+        for t0, t1 in zip(bounds, bounds[1:]):
+            sizes.append(int(rng.integers(1, max_units + 1)) * unit)
+            firsts.append(t0)
+            lasts.append(t1 - 1)
+    perm = rng.permutation(len(sizes))
+    return make_records([sizes[i] for i in perm], [firsts[i] for i in perm],
+                        [lasts[i] for i in perm])
