@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ._html import grid
 from .allocators import POLICIES
 from .stats import format_bytes
-from .traces import MinLimit, ReplayResult, Trace, run_sweep_task, sweep_tasks
+from .traces import MinLimit, ReplayResult, Trace, prepare_sweep, run_sweep_task
 
 _STATUS: dict[str, Any] = {"configured": False, "status": "numba_bfc plugin not run here"}
 # Stats fields summed over the cluster; the rest (peaks of different
@@ -280,8 +280,7 @@ def sweep(client: Any, traces: Sequence[Trace | str | os.PathLike],
     list of ReplayResult (or MinLimit)
         One per ``sweep_tasks(traces, policies, limits, min_limit=min_limit)``, in its order.
     """
-    traces = [t if isinstance(t, Trace) else Trace.read(t) for t in traces]
-    tasks = sweep_tasks(traces, policies, limits, min_limit=min_limit)
+    traces, tasks = prepare_sweep(traces, policies, limits, min_limit)
     on_workers = client.scatter(traces, broadcast=True, hash=False)
     run_id = uuid.uuid4().hex[:8]
     kind = "min_limit" if min_limit else "replay"

@@ -423,10 +423,11 @@ class _Runner:
 
     def evaluate(self, settings_list: list[dict[str, Any]]) -> list[Candidate]:
         settings_list = [_effective(s) for s in settings_list]
-        keys = [tuple(sorted(s.items(), key=lambda kv: kv[0])) for s in settings_list]
-        todo = [s for s, k in zip(settings_list, keys) if k not in self._seen]
-        for s, c in zip(todo, self._map(evaluate, [(s, self.limit) for s in todo])):
-            self._seen[tuple(sorted(s.items(), key=lambda kv: kv[0]))] = c
+        keys = [tuple(sorted(s.items())) for s in settings_list]
+        todo = {k: s for s, k in zip(settings_list, keys) if k not in self._seen}
+        found = self._map(evaluate, [(s, self.limit) for s in todo.values()])
+        for k, c in zip(todo, found):
+            self._seen[k] = c
             self.candidates.append(c)
         return [self._seen[k] for k in keys]
 

@@ -273,8 +273,10 @@ def test_a_trace_with_no_replayable_event_is_an_error_naming_the_flag(tmp_path):
 
 
 def test_plot_without_matplotlib_fails_before_any_replay(monkeypatch, tmp_path):
-    real = replay_cli.importlib.util.find_spec
-    monkeypatch.setattr(replay_cli.importlib.util, "find_spec",
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "matplotlib" else real(name, *a))
     calls = []
     monkeypatch.setattr(replay_cli, "run_sweep_task", lambda *a, **k: calls.append(a))

@@ -122,6 +122,31 @@ def load_trace(spec: str, strict: bool = False) -> Trace:
     return trace
 
 
+def names_from(text: str, known, what: str) -> list[str]:
+    """A comma-separated list of names, each one of ``known`` (``what``: their kind)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(f"unknown {what} {', '.join(unknown) or '(none)'} "
+                         f"(expected some of {', '.join(known)})")
+    return names
+
+
+def check_plot_target(path: str | None) -> None:
+    """``--plot PNG``: matplotlib is there and the folder exists, before any work."""
+    if path and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("--plot needs matplotlib: pip install 'numba_bfc[viz]'")
+    if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise ValueError(f"--plot {path}: no such directory")
+
+
+def report_dropped(trace: Trace, err: TextIO) -> None:
+    """Say which events of ``trace`` were dropped as unreplayable, if any."""
+    if trace.dropped:
+        dropped = ", ".join(f"{k}: {v}" for k, v in sorted(trace.dropped.items()))
+        err.write(f"{trace.name}: dropped events that cannot be replayed ({dropped})\n")
+
+
 def progress_bar(label: str, stream: TextIO):
     """``progress(done, total)`` drawing a bar of ``label`` on ``stream``."""
 

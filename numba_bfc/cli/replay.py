@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import sys
 from typing import TextIO
 
@@ -14,11 +12,14 @@ from ..traces.tables import format_min_limits, format_table
 from .common import (
     USER_ERRORS,
     byte_size,
+    check_plot_target,
     dask_client,
     load_trace,
+    names_from,
     parse_args,
     parse_scheduler,
     progress_bar,
+    report_dropped,
     report_error,
 )
 
@@ -74,17 +75,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None,
     if isinstance(args, int):
         return args
     try:
-        policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-        unknown = [p for p in policies if p not in POLICIES]
-        if unknown or not policies:
-            raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'} "
-                             f"(expected some of {', '.join(POLICIES)})")
+        policies = names_from(args.policy, POLICIES, "policy")
         if args.min_limit and args.limit is not None:
             raise ValueError("--min-limit finds the limit: give it or --limit, not both")
-        if args.plot and importlib.util.find_spec("matplotlib") is None:
-            raise ValueError("--plot needs matplotlib: pip install 'numba_bfc[viz]'")
-        if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
-            raise ValueError(f"--plot {args.plot}: no such directory")
+        check_plot_target(args.plot)
         scheduler = parse_scheduler(args.scheduler) if args.scheduler is not None else None
         specs = args.traces
         if not specs:
@@ -93,9 +87,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None,
             specs = [f"bundled:{n}" for n in bundled_names()]
         traces = [load_trace(s, args.strict) for s in specs]
         for trace in traces:
-            if trace.dropped and not args.min_limit:
-                dropped = ", ".join(f"{k}: {v}" for k, v in sorted(trace.dropped.items()))
-                err.write(f"{trace.name}: dropped events that cannot be replayed ({dropped})\n")
+            if not args.min_limit:
+                report_dropped(trace, err)
         tasks = sweep_tasks(traces, policies, args.limit or [None], min_limit=args.min_limit)
         options = {} if args.min_limit else {"offline": args.offline}
         if scheduler is not None:

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
-import os
 import sys
 from typing import TextIO
 
 from .common import (
     USER_ERRORS,
     byte_size,
+    check_plot_target,
     dask_client,
     load_trace,
+    names_from,
     parse_args,
     parse_scheduler,
     positive,
     progress_bar,
+    report_dropped,
     report_error,
 )
 
@@ -65,20 +66,11 @@ def main(argv: list[str] | None = None, out: TextIO | None = None,
     try:
         from ..tune import KNOBS, tune
 
-        knobs = [k.strip() for k in args.knobs.split(",") if k.strip()]
-        unknown = [k for k in knobs if k not in KNOBS]
-        if unknown or not knobs:
-            raise ValueError(f"unknown knob {', '.join(unknown) or '(none)'} "
-                             f"(expected some of {', '.join(KNOBS)})")
-        if args.plot and importlib.util.find_spec("matplotlib") is None:
-            raise ValueError("--plot needs matplotlib: pip install 'numba_bfc[viz]'")
-        if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
-            raise ValueError(f"--plot {args.plot}: no such directory")
+        knobs = names_from(args.knobs, KNOBS, "knob")
+        check_plot_target(args.plot)
         scheduler = parse_scheduler(args.scheduler) if args.scheduler is not None else None
         trace = load_trace(args.trace, args.strict)
-        if trace.dropped:
-            dropped = ", ".join(f"{k}: {v}" for k, v in sorted(trace.dropped.items()))
-            err.write(f"{trace.name}: dropped events that cannot be replayed ({dropped})\n")
+        report_dropped(trace, err)
         progress = None if args.no_progress else progress_bar(f"tune {trace.name}", err)
         with contextlib.ExitStack() as stack:
             client = (stack.enter_context(dask_client(scheduler, args.scheduler))

@@ -33,7 +33,7 @@ from .rmm_log import (
 from .rmm_log import (
     EVENT_DTYPE as RMM_EVENT_DTYPE,
 )
-from .sweep import SweepTask, run_sweep_task, sweep, sweep_tasks
+from .sweep import SweepTask, prepare_sweep, run_sweep_task, sweep, sweep_tasks
 from .torch_io import assign_ids, capture_torch
 from .trace import (
     EVENT_DTYPE,
@@ -71,6 +71,7 @@ __all__ = [
     "capture_torch",
     "make_allocator",
     "min_limit",
+    "prepare_sweep",
     "read_rmm_log",
     "read_trace",
     "replay",

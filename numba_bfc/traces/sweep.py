@@ -22,7 +22,7 @@ from .replay import MAX_LIMIT, POLICIES, MinLimit, ReplayResult, replay
 from .replay import min_limit as find_min_limit
 from .trace import Trace
 
-__all__ = ["SweepTask", "run_sweep_task", "sweep", "sweep_tasks"]
+__all__ = ["SweepTask", "prepare_sweep", "run_sweep_task", "sweep", "sweep_tasks"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,14 @@ def sweep(traces: Sequence[Trace | str | os.PathLike], policies: Iterable[str] =
     list of ReplayResult (or MinLimit)
         One per ``sweep_tasks(traces, policies, limits, min_limit=min_limit)``, in its order.
     """
-    traces = [t if isinstance(t, Trace) else Trace.read(t) for t in traces]
-    tasks = sweep_tasks(traces, policies, limits, min_limit=min_limit)
+    traces, tasks = prepare_sweep(traces, policies, limits, min_limit)
     return [run_sweep_task(traces[task.trace], task, options) for task in tasks]
+
+
+def prepare_sweep(traces: Sequence[Trace | str | os.PathLike], policies: Iterable[str],
+                  limits: Iterable[int | None], min_limit: bool = False
+                  ) -> tuple[list[Trace], list[SweepTask]]:
+    """The traces (paths read with ``Trace.read``) and the tasks of a sweep, checked
+    before any replay runs (``sweep_tasks``)."""
+    traces = [t if isinstance(t, Trace) else Trace.read(t) for t in traces]
+    return traces, sweep_tasks(traces, policies, limits, min_limit=min_limit)
