@@ -23,7 +23,9 @@ in units of 1 KiB, greedy plans 1.3-1.5x above the max-live bound:
 
 Each side gets 10 s. MiniMalloc answers "is there a plan within the max-live
 bound?" (``--capacity``), the question that proves a cut instance optimal;
-``search`` minimises with its default node budget under the same cap.
+``search`` minimises with its default node budget under the same cap (its
+section search and, beside it, its own offset-order search: MiniMalloc's
+method). Figures: docs/planning.md, "Beside MiniMalloc".
 ``extra_info``: the arena size found, the bound, whether the plan is proven
 optimal, and for ``search`` its nodes. Each is timed once (``rounds=1``):
 the answer is deterministic, and MiniMalloc's start-up is in its time.

@@ -1,13 +1,18 @@
 """The ``search`` offsets strategy: greedy starts, then branch and bound.
 
 ``search_offsets`` keeps the best of several greedy best-fit orders, then asks
-the search kernel (``_search.fits``) whether a plan fits in a smaller arena:
-first at the lower bound (on many instances the optimum), then by bisection
-between the best proven-infeasible size and the best plan found. The work
-is bounded in search nodes (``node_limit``), so the answer does not depend on
-the machine, its load or the JIT cache; ``time_limit`` is an outer cap only,
-and compilation happens before the clock starts. A plan is proven optimal when
-it meets the lower bound or when the search exhausted the size just below it.
+whether a plan fits in a smaller arena: first at the lower bound (on many
+instances the optimum), then by bisection between the best proven-infeasible
+size and the best plan found. Two decision kernels answer, one after the other
+with budgets that grow: the section search (``_search.fits_memo``: memo, gap
+rule; strong on cut and gadget instances) and, where it neither found a plan
+nor proved there is none, the offset-order search
+(``_offset_order.fits_in_offset_order``, MiniMalloc's method; strong where many
+lifetimes interlock). The work is bounded in search nodes (``node_limit``), so
+the answer does not depend on the machine, its load or the JIT cache;
+``time_limit`` is an outer cap only, and compilation happens before the clock
+starts. A plan is proven optimal when it meets the lower bound or when a
+complete search exhausted the size just below it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _kernels as K
+from . import _offset_order as O
 from . import _search as S
 
 __all__ = ["DEFAULT_NODE_LIMIT", "DEFAULT_TIME_LIMIT", "SearchStats", "search_offsets",
@@ -27,16 +33,18 @@ __all__ = ["DEFAULT_NODE_LIMIT", "DEFAULT_TIME_LIMIT", "SearchStats", "search_of
 
 _FIRST_BUDGET = 20_000  # nodes of the first call; budgets double while rounds make no progress
 _FIRST_WORK = 20_000_000  # ... fewer on large instances: a node scans every section
+_OFFSET_ORDER_FIRST = 20  # nodes per buffer of the first offset-order call (MiniMalloc: 2 steps)
 _MAX_BUDGET = 1 << 40
 _MAX_TOTAL = 1 << 62  # byte sums stay below this, so no int64 arithmetic can wrap
 _WINDOW_NODES = 2_000  # nodes per exact search of one window (tight lower bound)
 _BOUND_SHARE = 0.1  # of the node limit, for the tight lower bound
-#: Search nodes ``search_offsets`` expands at most by default (a few seconds here).
-DEFAULT_NODE_LIMIT = 2_000_000
+#: Search nodes ``search_offsets`` spends at most by default (5-15 s on the 2-core
+#: development machine when all are spent; most instances end far sooner).
+DEFAULT_NODE_LIMIT = 10_000_000
 #: Seconds, an outer cap only: the node limit ends a search first on most machines.
 DEFAULT_TIME_LIMIT = 60.0
 #: Search nodes of the tight lower bound alone (``lower_bound(tight=True)``).
-BOUND_NODE_LIMIT = int(_BOUND_SHARE * DEFAULT_NODE_LIMIT)
+BOUND_NODE_LIMIT = 200_000
 _MEMO_ENTRIES = 1 << 20  # per memo table (two uint64 arrays, zeroed pages only once used)
 
 
@@ -55,7 +63,9 @@ class SearchStats:
     greedy_size : int
         The best greedy start's arena size, and ``greedy_order`` its order.
     nodes : int
-        Search nodes expanded in all calls.
+        Search nodes spent in all calls, of both kernels (the offset-order
+        kernel counts work: a step, plus one per 32 buffers, sections and
+        overlaps it looks at).
     calls : int
         Decision searches run (each: "does a plan fit in C bytes?").
     seconds : float
@@ -82,6 +92,28 @@ class SearchStats:
     improvements: list = field(default_factory=list)
     stopped: str = "optimal"
     compile_seconds: float = 0.0
+
+
+class _Pace:
+    """Node budgets cut to the time left, at each kernel's measured rate: the time
+    cap then ends a search near it, not one long call later. Only when the cap
+    binds does this make a result depend on the machine (``stopped == "time"``)."""
+
+    def __init__(self, t0: float, time_limit: float):
+        self.deadline = t0 + time_limit
+        self.done: dict[str, list] = {}
+
+    def budget(self, kernel: str, nodes: int) -> int:
+        done, seconds = self.done.get(kernel, (0, 0.0))
+        if seconds < 0.05:  # no rate measured yet
+            return nodes
+        left = self.deadline - time.perf_counter()
+        return max(1, min(nodes, int(done / seconds * left)))
+
+    def spent(self, kernel: str, nodes: int, started: float) -> None:
+        entry = self.done.setdefault(kernel, [0, 0.0])
+        entry[0] += nodes
+        entry[1] += time.perf_counter() - started
 
 
 def _greedy_starts(sizes, firsts, lasts, deadline):
@@ -150,6 +182,9 @@ def compile_kernels() -> float:
     t0 = time.perf_counter()
     sizes, firsts, lasts = np.array(GADGET, dtype=np.int64).T.copy()
     _search_offsets(sizes, firsts, lasts, 60.0, None, None, 10_000)  # max-live 5 fails, 6 fits
+    _, a, b = S.sections(firsts, lasts)
+    O.fits_in_offset_order(sizes, lasts - firsts + 1, a, b, int(b.max()), 0, 6, 100,
+                           np.zeros(sizes.shape[0], dtype=np.int64), O.ALL_RULES)
     _window_lower_bound(sizes, firsts, lasts, 60.0, _WINDOW_NODES, None, 10_000)
     _compiled.set()
     return time.perf_counter() - t0
@@ -255,9 +290,17 @@ def _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower, node_limi
         (index, -span, -sizes), (index, -sizes, -span), (index, -sizes, -(sizes * span)),
         (index, -sizes, a))]
     twin = _twins(sizes, a, b)
+    width = lasts - firsts + 1
     offsets = np.zeros(n, dtype=np.int64)
     budget = max(1000, min(_FIRST_BUDGET, _FIRST_WORK // max(num_sections, 1)))
-    bound_nodes = int(_BOUND_SHARE * node_limit)
+    pace = _Pace(t0, time_limit)
+    # The offset-order search (MiniMalloc's method) runs wherever the section search
+    # neither found a plan nor proved there is none, each size trying the rank
+    # orders in turn, its own budget doubled after each round that used it up
+    # (restarts, as MiniMalloc's).
+    offset_budget = min(budget, _OFFSET_ORDER_FIRST * n)
+    offset_turns = {}
+    bound_nodes = min(int(_BOUND_SHARE * node_limit), BOUND_NODE_LIMIT)
     stopped = "optimal" if capacity is None else "capacity"  # unless a limit ends it first
     exhausted_budget = False
     rounds = 0
@@ -273,26 +316,43 @@ def _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower, node_limi
         sizes_to_try = [proven] if capacity is None else [min(int(capacity), best - 1)]
         if capacity is None and best - 1 > proven:
             sizes_to_try.append((proven + best) // 2)
-        progress = False
+        progress = offset_exhausted = False
         for size in sizes_to_try:
             if size >= best or size < proven or nodes >= node_limit \
                     or time.perf_counter() - t0 >= time_limit:
                 continue
-            call_budget = min(budget, node_limit - nodes)
+            call_budget = pace.budget("section", min(budget, node_limit - nodes))
             if size not in memos:  # one memo per size, shared by its calls; two kept
                 if len(memos) >= 2:
                     del memos[next(k for k in memos if k != proven)]
                 memos[size] = S.memo_table(_MEMO_ENTRIES)
+            started = time.perf_counter()
             status, used = S.fits_memo(sizes, a, b, num_sections, branch_order, twin, size,
                                        call_budget, offsets, limit, S.ALL_RULES, *memos[size])
+            pace.spent("section", int(used), started)
             exhausted_budget = status == S.BUDGET and used >= call_budget
             nodes += int(used)
             calls += 1
+            complete = limit < 0
+            if status != S.FOUND and not (status == S.INFEASIBLE and complete) \
+                    and nodes < node_limit:
+                started = time.perf_counter()
+                turn = offset_turns.get(size, 0)  # each size tries the rank orders in turn
+                offset_turns[size] = turn + 1
+                status, used = O.fits_in_offset_order(
+                    sizes, width, a, b, num_sections, turn % len(O.ORDERS), size,
+                    pace.budget("offset", min(offset_budget, node_limit - nodes)), offsets,
+                    O.ALL_RULES)
+                offset_exhausted = offset_exhausted or status == S.BUDGET
+                pace.spent("offset", int(used), started)
+                nodes += int(used)
+                calls += 1
+                complete = True
             if status == S.FOUND:
                 best_off, best = offsets.copy(), int((offsets + sizes).max())
                 improvements.append((time.perf_counter() - t0, best))
                 progress = True
-            elif status == S.INFEASIBLE and limit < 0:
+            elif status == S.INFEASIBLE and complete:
                 proven = max(proven, size + 1)
                 progress = True
         if capacity is not None and (best <= capacity or (progress and best > capacity)):
@@ -313,6 +373,8 @@ def _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower, node_limi
         rounds += 1
         if not progress and limit < 0 and exhausted_budget:
             budget = min(2 * budget, _MAX_BUDGET)
+        if offset_exhausted:
+            offset_budget = min(2 * offset_budget, _MAX_BUDGET)
     seconds = time.perf_counter() - t0
     stats = SearchStats(optimal=best <= proven, lower_bound=min(proven, best),
                         greedy_size=greedy, greedy_order=greedy_order, nodes=nodes,
