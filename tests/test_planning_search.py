@@ -377,3 +377,29 @@ def test_sliced_instances_are_deterministic_slices_of_long_ranges():
     assert lower_bound(recs) <= plan.total_size <= assign_offsets(recs).total_size
     with pytest.raises(ValueError, match="must be >= 1"):
         sliced_instance(0, 5)
+
+
+def test_packed_instances_are_random_buffers_packed_in_a_box():
+    from numba_bfc.planning import OffsetsAssignment
+    from numba_bfc.planning.instances import packed_instance
+
+    recs, offsets = packed_instance(60, capacity=32, horizon=80, max_units=8, max_span=20,
+                                    unit=256, seed=5)
+    again, _ = packed_instance(60, capacity=32, horizon=80, max_units=8, max_span=20,
+                               unit=256, seed=5)
+    assert recs.tolist() == again.tolist() and len(recs) == 60
+    validate(recs, OffsetsAssignment(offsets, 32 * 256))  # the packing is a plan in the box
+    assert (recs["size"] % 256 == 0).all() and recs["size"].max() <= 8 * 256
+    assert recs["first"].min() >= 0 and recs["last"].max() < 80
+    assert (recs["last"] - recs["first"] < 20).all()
+    assert lower_bound(recs) == 32 * 256  # max-live reaches the box: it is the optimum
+    assert assign_offsets(recs).total_size > 32 * 256  # greedy does not find it
+    plan = assign_offsets(recs, "search", node_limit=50_000)
+    validate(recs, plan)
+    assert plan.total_size == 32 * 256 and plan.search.optimal
+    # A full box: fewer buffers than asked, never past it.
+    full, full_offsets = packed_instance(500, capacity=4, horizon=10, max_units=4, max_span=10)
+    assert len(full) < 500
+    validate(full, OffsetsAssignment(full_offsets, 4 * 1024))
+    with pytest.raises(ValueError, match="must be >= 1"):
+        packed_instance(0)

@@ -7,6 +7,8 @@ the cut itself is a plan of exactly that size, while greedy placements are
 typically far from it (the benchmark family of MiniMalloc and TelaMalloc).
 ``sliced_instance`` (a few long live ranges cut into slices, as compilers
 split large tensors) has none: its plans are compared with the max-live bound.
+``packed_instance`` (random buffers packed tight into a box) has a known plan
+within the box, but not a known optimum.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 
 from .records import make_records
 
-__all__ = ["GADGET", "cut_instance", "gadget_instance", "sliced_instance"]
+__all__ = ["GADGET", "cut_instance", "gadget_instance", "packed_instance", "sliced_instance"]
 
 
 def cut_instance(num_buffers: int, capacity: int = 1 << 20, horizon: int = 1000,
@@ -165,3 +167,56 @@ def sliced_instance(ranges: int, slices: int, horizon: int = 1000, unit: int = 1
     perm = rng.permutation(len(sizes))
     return make_records([sizes[i] for i in perm], [firsts[i] for i in perm],
                         [lasts[i] for i in perm])
+
+
+def packed_instance(num_buffers: int, capacity: int = 64, horizon: int = 200,
+                    max_units: int = 16, max_span: int = 50, unit: int = 1024,
+                    seed: int = 0):
+    """Random buffers packed into a ``capacity x horizon`` box (in units of
+    ``unit`` bytes x tasks): a random instance at high occupancy.
+
+    Each buffer gets a random lifetime (1 to ``max_span`` tasks) and size (1 to
+    ``max_units`` units) and goes at the lowest offset where it fits in the box
+    (first fit); one that fits nowhere is drawn again, at most
+    ``20 * num_buffers`` draws in all. The packing is a plan within
+    ``capacity * unit`` bytes; the max-live bound is at most that, often a
+    little below, and greedy plans of the shuffled buffers are well above.
+
+    Returns
+    -------
+    tuple
+        ``(records, offsets)``: shuffled usage records (``num_buffers`` of
+        them, fewer when the box filled up first) and the packing's offsets.
+
+    Examples
+    --------
+    >>> recs, offsets = packed_instance(40, seed=3)
+    >>> len(recs), int((offsets + recs["size"]).max()) <= 64 * 1024
+    (40, True)
+    """
+    if min(num_buffers, capacity, horizon, max_units, max_span, unit) < 1:
+        raise ValueError("num_buffers, capacity, horizon, max_units, max_span and unit "
+                         "must be >= 1")
+    rng = np.random.default_rng(seed)
+    sizes, firsts, lasts, offsets = [], [], [], []
+    for _ in range(20 * num_buffers):
+        if len(sizes) == num_buffers:
+            break
+        span = int(rng.integers(1, min(max_span, horizon) + 1))
+        first = int(rng.integers(0, horizon - span + 1))
+        last = first + span - 1
+        size = int(rng.integers(1, min(max_units, capacity) + 1))
+        beside = [(offsets[j], sizes[j]) for j in range(len(sizes))
+                  if firsts[j] <= last and first <= lasts[j]]
+        for offset in sorted({0, *(o + s for o, s in beside)}):
+            if offset + size <= capacity and all(
+                    offset + size <= o or o + s <= offset for o, s in beside):
+                sizes.append(size)
+                firsts.append(first)
+                lasts.append(last)
+                offsets.append(offset)
+                break
+    perm = rng.permutation(len(sizes))
+    recs = make_records([sizes[i] * unit for i in perm], [firsts[i] for i in perm],
+                        [lasts[i] for i in perm])
+    return recs, np.array([offsets[i] * unit for i in perm], dtype=np.int64)

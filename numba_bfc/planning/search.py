@@ -296,8 +296,8 @@ def _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower, node_limi
     pace = _Pace(t0, time_limit)
     # The offset-order search (MiniMalloc's method) runs wherever the section search
     # neither found a plan nor proved there is none, each size trying the rank
-    # orders in turn, its own budget doubled after each round that used it up
-    # (restarts, as MiniMalloc's).
+    # orders in turn (all three in the first round), its own budget doubled after
+    # each round that used it up (restarts, as MiniMalloc's).
     offset_budget = min(budget, _OFFSET_ORDER_FIRST * n)
     offset_turns = {}
     bound_nodes = min(int(_BOUND_SHARE * node_limit), BOUND_NODE_LIMIT)
@@ -334,8 +334,12 @@ def _search_offsets(sizes, firsts, lasts, time_limit, capacity, lower, node_limi
             nodes += int(used)
             calls += 1
             complete = limit < 0
-            if status != S.FOUND and not (status == S.INFEASIBLE and complete) \
-                    and nodes < node_limit:
+            # The first round tries every rank order (MiniMalloc's first cycle), later
+            # rounds one each.
+            for _ in range(len(O.ORDERS) if rounds == 0 else 1):
+                if status == S.FOUND or (status == S.INFEASIBLE and complete) \
+                        or nodes >= node_limit:
+                    break
                 started = time.perf_counter()
                 turn = offset_turns.get(size, 0)  # each size tries the rank orders in turn
                 offset_turns[size] = turn + 1
