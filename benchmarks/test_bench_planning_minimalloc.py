@@ -67,7 +67,7 @@ def _instance(family: str, n: int, seed: int):
         ranges, slices = {0: (10, 20), 1: (25, 8), 2: (40, 5)}[n]
         return sliced_instance(ranges, slices, seed=seed), None
     if family == "packed":
-        recs, offsets = packed_instance(n, seed=seed)
+        recs, _ = packed_instance(n, seed=seed)
         box = 64 * KIB  # the packing fits it; when max-live reaches it, it is the optimum
         return recs, box if lower_bound(recs) == box else None
     if family == "cut":

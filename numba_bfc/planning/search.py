@@ -38,7 +38,7 @@ _MAX_BUDGET = 1 << 40
 _MAX_TOTAL = 1 << 62  # byte sums stay below this, so no int64 arithmetic can wrap
 _WINDOW_NODES = 2_000  # nodes per exact search of one window (tight lower bound)
 _BOUND_SHARE = 0.1  # of the node limit, for the tight lower bound
-#: Search nodes ``search_offsets`` spends at most by default (5-15 s on the 2-core
+#: Search nodes ``search_offsets`` spends at most by default (4-15 s on the 2-core
 #: development machine when all are spent; most instances end far sooner).
 DEFAULT_NODE_LIMIT = 10_000_000
 #: Seconds, an outer cap only: the node limit ends a search first on most machines.
