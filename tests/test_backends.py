@@ -2,6 +2,8 @@
 injection, and remapping (partial frees, ``alloc_at``)."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from numba_bfc.backends import HostSubAllocator, VirtualSubAllocator
 
@@ -110,3 +112,76 @@ def test_backends_that_cannot_remap_say_so():
     p, n = b.alloc(2 * PAGE, 256)
     with pytest.raises(ValueError):
         b.free(p, PAGE)  # part of a region: only whole allocations go back
+
+
+@given(contiguous=st.booleans(), granularity=st.sampled_from([1, 512, 4096, 2 << 20, 3000]),
+       capacity=st.sampled_from([None, 0, 64 << 20, 300 << 20]),
+       calls=st.lists(st.tuples(st.integers(1, 50 << 20), st.sampled_from([1, 512, 4 << 20])),
+                      max_size=12),
+       free_first=st.booleans())
+def test_address_lease_predicts_alloc_and_record_leased_is_alloc(contiguous, granularity,
+                                                                 capacity, calls, free_first):
+    """What a lease says is what alloc does; recording what it placed leaves the
+    backend as those alloc calls would."""
+    def align_up(x, a):
+        return (x + a - 1) // a * a
+
+    real = VirtualSubAllocator(capacity, contiguous=contiguous, granularity=granularity)
+    leased = VirtualSubAllocator(capacity, contiguous=contiguous, granularity=granularity)
+    for b in (real, leased):  # a freed top region first: the top moves back
+        got = b.alloc(4 << 20, 512)
+        if free_first and got and not (contiguous and got[0] % granularity):
+            b.alloc(1 << 20, 512)
+            b.free(*got)
+    placed = []
+    lease = leased.address_lease()
+    top, room = lease.top, lease.room
+    for nbytes, alignment in calls:
+        got = real.alloc(nbytes, alignment)
+        received = align_up(nbytes, lease.granularity)
+        if received > room:
+            assert got is None
+            continue
+        ptr = align_up(top + lease.gap, max(alignment, lease.alignment))
+        assert got == (ptr, received)
+        placed.append(got)
+        top, room = ptr + received, room - received
+    leased.record_leased([p for p, _ in placed], [n for _, n in placed])
+    for name in ("num_allocs", "bytes_held", "peak_bytes_held"):
+        assert getattr(leased, name) == getattr(real, name), name
+    assert leased.mapped_ranges() == real.mapped_ranges()
+    assert leased.address_lease() == real.address_lease()
+    for p, n in placed:  # the recorded regions free as allocated ones do
+        outcomes = []
+        for b in (leased, real):
+            try:
+                b.free(p, n)
+                outcomes.append(None)
+            except ValueError as e:  # contiguous: not whole granules
+                outcomes.append(str(e))
+        assert outcomes[0] == outcomes[1]
+    assert leased.mapped_ranges() == real.mapped_ranges()
+
+
+def test_no_address_lease_while_failures_are_injected_or_a_subclass_places():
+    b = VirtualSubAllocator()
+    assert b.address_lease() is not None
+    b.fail_next()
+    assert b.address_lease() is None
+    b.alloc(512)
+    assert b.address_lease() is not None
+    assert VirtualSubAllocator(fail_if=lambda n: False).address_lease() is None
+
+    class Elsewhere(VirtualSubAllocator):
+        def _alloc(self, nbytes, alignment):
+            return super()._alloc(nbytes, alignment * 2)
+
+    class Counted(VirtualSubAllocator):
+        def alloc(self, nbytes, alignment=256):
+            return super().alloc(nbytes, alignment)
+
+    assert Elsewhere().address_lease() is None
+    assert Counted().address_lease() is None
+    assert HostSubAllocator().address_lease() is None
+    with pytest.raises(NotImplementedError, match="no address lease"):
+        HostSubAllocator().record_leased([1 << 20], [512])

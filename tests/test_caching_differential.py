@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 
 from numba_bfc import CachingAllocator, InvalidPointerError, OutOfMemoryError
 from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.policies.caching import LEASE_LOG_SIZE as C_LEASE_LOG_SIZE
 from numba_bfc.testing import ReferenceCachingAllocator
 from numba_bfc.testing.invariants import check_invariants
+from numba_bfc.traces import Trace, replay
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -107,3 +109,74 @@ def test_batch_matches_single_calls(program):
     assert a.memory_stats() == b.memory_stats()
     assert a.memory_snapshot() == b.memory_snapshot()
     check_invariants(a)
+
+
+def _replay_outcome(trace, allocator, engine):
+    try:
+        r = replay(trace, allocator, engine=engine)
+    except (RuntimeError, ValueError) as e:  # a backend granularity the policy refuses
+        return (type(e).__name__, str(e))
+    return r.addresses.tolist(), r.ooms, r.first_oom
+
+
+@given(config=configs, granularity=st.sampled_from([1, 1, 2 * MiB, 3000]),
+       program=st.lists(st.tuples(st.booleans(), sizes, st.integers(0, 99)), max_size=120))
+def test_batch_under_an_address_lease_matches_the_reference(config, granularity, program):
+    """A replay's batch makes new segments in the kernel where the backend's
+    address lease allows (limits, capacity, granularity); everything else goes
+    the façade's way, failures skipped and cached segments released on the way.
+    Both must be exactly the reference's single calls: addresses, failures,
+    statistics, snapshot, and the backend's own record, also after the leased
+    segments go back to it."""
+    ops, ids, szs = batch_program(program)
+    trace = Trace.from_arrays(ops, ids, szs)
+
+    def make(cls):
+        cfg = dict(config)
+        capacity = cfg.pop("capacity")
+        if cfg["memory_limit"] is None:
+            cfg["garbage_collection_threshold"] = 0.0
+        backend = VirtualSubAllocator(capacity, contiguous=cfg["expandable_segments"],
+                                      granularity=granularity)
+        return cls(backend, **cfg)
+
+    a, ref = make(CachingAllocator), make(ReferenceCachingAllocator)
+    assert _replay_outcome(trace, a, "kernel") == _replay_outcome(trace, ref, "python")
+    assert _observe(a) == _observe(ref)
+    backends = [(b.bytes_held, b.peak_bytes_held, b.mapped_ranges())
+                for b in (a.backend, ref.backend)]
+    assert backends[0] == backends[1]
+    check_invariants(a)
+    assert a.empty_cache() == ref.empty_cache()
+    assert _observe(a) == _observe(ref)
+    assert a.backend.mapped_ranges() == ref.backend.mapped_ranges()
+
+
+def test_a_batch_makes_its_segments_in_the_kernel_many_at_a_time():
+    """More segments than one lease's log holds, none through the façade's slow
+    path; the backend then holds exactly what the reference got."""
+    n = 3 * C_LEASE_LOG_SIZE
+    ops, ids, szs = [0] * n, list(range(n)), [(i % 7 + 1) * 3 * MiB for i in range(n)]
+    a = CachingAllocator(VirtualSubAllocator())
+    slow_calls = []
+    a._malloc_slow = lambda n: slow_calls.append(n)
+    out = a.run_batch(np.array(ops), np.array(ids), np.array(szs))
+    assert slow_calls == []
+    ref = ReferenceCachingAllocator(VirtualSubAllocator())
+    assert out.tolist() == single_calls(ref, ops, ids, szs)
+    assert _observe(a) == _observe(ref)
+    assert a.backend.mapped_ranges() == ref.backend.mapped_ranges()
+    assert a.memory_stats()["num_device_alloc"] > C_LEASE_LOG_SIZE
+
+
+def test_a_lease_is_taken_afresh_after_a_failure_gave_segments_back():
+    """A failed allocation releases the cached segment the kernel made, and the
+    backend is back where it was when the lease began: the next segment goes
+    where the backend says now, not where the old lease had got to."""
+    trace = Trace.from_arrays([0, 1, 0, 1, 0, 1], [0, 0, 1, 1, 2, 2],
+                              [1000, 0, 64 * MiB + 1, 0, 5000, 0])
+    a = CachingAllocator(VirtualSubAllocator(), memory_limit=64 * MiB)
+    ref = ReferenceCachingAllocator(VirtualSubAllocator(), memory_limit=64 * MiB)
+    assert _replay_outcome(trace, a, "kernel") == _replay_outcome(trace, ref, "python")
+    assert _observe(a) == _observe(ref)
+    assert a.backend.mapped_ranges() == ref.backend.mapped_ranges()

@@ -179,6 +179,13 @@ class TableStore:
             f"{self._name}: batch operation {i} frees id {int(ids[i])}, which is not live in "
             "this batch", ptr=0, kind="unknown")
 
+    def _open_lease(self) -> None:
+        """Before a batch kernel call: let the kernel make new regions itself
+        where it can (the caching policy: an address lease), or nothing."""
+
+    def _close_lease(self) -> None:
+        """After a batch kernel call: record what ``_open_lease`` let it make."""
+
     def _grow_for(self, n: int, alignment: int) -> bool | None:
         """The slow path's first growth, so that the kernel can serve ``n``
         bytes when it retries: True if it grew, False if it tried and could
@@ -340,8 +347,13 @@ class TableStore:
         max_request = self._largest_request()
         grown_at = -1
         while True:
-            i, code = self._RUN_BATCH.call(self._state, ops, ids, sizes, alignment, max_request,
-                                           id_ptr, out, i, stop, series, stride, in_use)
+            self._open_lease()
+            try:
+                i, code = self._RUN_BATCH.call(self._state, ops, ids, sizes, alignment,
+                                               max_request, id_ptr, out, i, stop, series,
+                                               stride, in_use)
+            finally:
+                self._close_lease()
             if code == 0:
                 return
             if code == L.NEED_ROWS:

@@ -98,7 +98,8 @@ class CachingAllocator(TableStore, CachingBase):
         st[C.C_GC_ACTIVE] = int(self._gc_enabled)
         st[C.C_EXPANDABLE] = int(self.expandable_segments)
         st[C.C_DIVISIONS:C.C_DIVISIONS + C.ROUNDUP_INTERVALS] = self.roundup_power2_divisions
-        self._stats = st[C.C_STATS:C.CACHING_STATE_SIZE].reshape(C.NUM_STATS, 3, 4)
+        self._stats = st[C.C_STATS:C.C_LEASE_ON].reshape(C.NUM_STATS, 3, 4)
+        self._lease = None  # the backend's address lease the state slots hold
 
     # Fast paths: one kernel call each, lock-free first (kernels.guard), then
     # under the lock; everything unusual goes to CachingBase.
@@ -133,6 +134,36 @@ class CachingAllocator(TableStore, CachingBase):
                 self._free(ptr)  # not live: the base class names the problem
 
     # ------------------------------------------------------------------ table store
+    def _open_lease(self) -> None:
+        # Only where the slow path's first step would be the backend call the
+        # kernel makes instead (caching_base._malloc_slow_held).
+        if self._history is not None or self._gc_enabled or self.expandable_segments:
+            return
+        lease = self._backend.address_lease()
+        if lease is None:
+            return
+        st = self._state
+        if lease is not self._lease:  # else the slots still hold it
+            self._lease = lease
+            st[C.C_LEASE_TOP:C.C_LEASE_LIMIT] = lease[:]  # top, gap, alignment, granule, room
+        st[C.C_LEASE_LIMIT] = (MAX_INT64 if self.memory_limit is None
+                               else min(self.memory_limit, MAX_INT64))
+        st[C.C_LEASE_ON] = 1
+
+    def _close_lease(self) -> None:
+        st = self._state
+        if not st[C.C_LEASE_ON]:
+            return
+        st[C.C_LEASE_ON] = 0
+        made = int(st[C.C_LEASE_SEGMENTS])
+        if made:
+            rows = st[C.C_LEASE_LOG:C.C_LEASE_LOG + made]  # in address order
+            self._backend.record_leased(self._regions["base"][rows].tolist(),
+                                        self._regions["size"][rows].tolist())
+            self._events["num_device_alloc"] += made
+            st[C.C_LEASE_SEGMENTS] = 0
+            self._lease = None  # the slots moved on from it: take the next one afresh
+
     def _batch_alignment(self, alignment: int) -> int:
         return self._check_alignment(alignment)
 

@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from sortedcontainers import SortedDict
 
-__all__ = ["SubAllocator"]
+__all__ = ["SubAllocator", "AddressLease"]
+
+
+class AddressLease(NamedTuple):
+    """Where a backend's next regions would go, for an allocator that places
+    them itself (a batch kernel) and records them afterwards
+    (``SubAllocator.record_leased``).
+
+    An ``alloc(nbytes, alignment)`` would return, while nothing else changes the
+    backend: ``received = ceil(nbytes / granularity) * granularity`` bytes at
+    ``ptr = align_up(top + gap, max(alignment, self.alignment))``, then ``top``
+    moves to ``ptr + received``; it fails when ``received > room``.
+    """
+
+    top: int
+    gap: int
+    alignment: int
+    granularity: int
+    room: int
 
 
 class SubAllocator(abc.ABC):
@@ -119,6 +139,20 @@ class SubAllocator(abc.ABC):
         """Total bytes this backend could ever provide (``capacity``), None if unbounded."""
         return self.capacity
 
+    def address_lease(self) -> AddressLease | None:
+        """Where the next ``alloc`` calls would place their regions, if that is
+        plain arithmetic (``AddressLease``); None (the default) otherwise.
+
+        Whoever takes a lease makes no other call to this backend until it has
+        given what it placed to ``record_leased``.
+        """
+        return None
+
+    def record_leased(self, bases: Sequence[int], sizes: Sequence[int]) -> None:
+        """Record regions placed under ``address_lease``, in address order, as
+        if ``alloc`` had returned each ``(base, size)``."""
+        raise NotImplementedError(f"{type(self).__name__} gives no address lease")
+
     @abc.abstractmethod
     def _alloc(self, nbytes: int, alignment: int) -> tuple[int, int] | None: ...
 
@@ -137,7 +171,22 @@ class _RangeMap:
     """
 
     def __init__(self) -> None:
-        self.ranges: SortedDict = SortedDict()
+        self._ranges: SortedDict = SortedDict()
+        self._pending: list[tuple[Sequence[int], Sequence[int]]] = []
+
+    @property
+    def ranges(self) -> SortedDict:
+        """The map, with the ranges ``add_later`` gave folded in."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            for starts, ends in pending:
+                self._ranges.update(zip(starts, ends))
+        return self._ranges
+
+    def add_later(self, starts: Sequence[int], ends: Sequence[int]) -> None:
+        """``add`` each range, when the map is next read (a batch of regions
+        recorded at once costs nothing until someone looks)."""
+        self._pending.append((starts, ends))
 
     def top(self, default: int) -> int:
         """Where the highest mapped range ends (``default`` if none)."""

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from .base import SubAllocator, _RangeMap
+from .base import AddressLease, SubAllocator, _RangeMap
 
 __all__ = ["VirtualSubAllocator"]
 
@@ -14,6 +14,8 @@ _BASE_ADDRESS = 1 << 40
 # Non-contiguous mode leaves a guard gap between regions, like separate
 # cudaMalloc calls, so that no two regions are ever adjacent by accident.
 _GUARD = 2 << 20
+# A lease is arithmetic for int64 kernels: no lease above this top (or room).
+_LEASE_TOP_LIMIT = 1 << 62
 
 
 def _align_up(x: int, a: int) -> int:
@@ -71,6 +73,8 @@ class VirtualSubAllocator(SubAllocator):
         self._mapped = _RangeMap()
         self._base = int(base)
         self._top = self._base
+        self._lease_key: tuple | None = None
+        self._lease: AddressLease | None = None
 
     def fail_next(self, n: int = 1) -> None:
         """Make the next ``n`` ``alloc`` calls fail."""
@@ -92,6 +96,40 @@ class VirtualSubAllocator(SubAllocator):
         self._mapped.add(ptr, ptr + received)
         self._top = ptr + received
         return ptr, received
+
+    def address_lease(self) -> AddressLease | None:
+        """Where ``alloc`` would place the next regions (see ``SubAllocator``);
+        None when failures are being injected, or a subclass places them (it
+        overrides ``alloc`` or ``_alloc``).
+        The same object while nothing it depends on changed (one ``alloc`` is
+        enough), so a caller can tell that its copy is current."""
+        key = (self._top, self.bytes_held, self.capacity, self.granularity, self.contiguous,
+               self.fail_if, self._fail_next)
+        if key != self._lease_key:
+            self._lease_key = key
+            self._lease = self._new_lease()
+        return self._lease
+
+    def _new_lease(self) -> AddressLease | None:
+        cls = type(self)
+        if (cls._alloc is not VirtualSubAllocator._alloc or cls.alloc is not SubAllocator.alloc
+                or self.fail_if is not None or self._fail_next > 0
+                or self._top > _LEASE_TOP_LIMIT):
+            return None
+        room = _LEASE_TOP_LIMIT if self.capacity is None else self.capacity - self.bytes_held
+        gap, alignment = (0, 1) if self.contiguous else (_GUARD, _GUARD)
+        return AddressLease(self._top, gap, alignment, self.granularity,
+                            max(0, min(room, _LEASE_TOP_LIMIT)))
+
+    def record_leased(self, bases: Sequence[int], sizes: Sequence[int]) -> None:
+        if not len(bases):
+            return
+        ends = [b + s for b, s in zip(bases, sizes)]
+        self._mapped.add_later(bases, ends)
+        self._top = max(self._top, ends[-1])
+        self.num_allocs += len(bases)
+        self.bytes_held += sum(sizes)
+        self.peak_bytes_held = max(self.peak_bytes_held, self.bytes_held)
 
     def _alloc_at(self, ptr: int, nbytes: int) -> bool:
         if ptr < self._base or ptr % self.granularity or nbytes % self.granularity:

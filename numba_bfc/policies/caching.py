@@ -97,8 +97,21 @@ C_GC_ACTIVE = STATE_SIZE + 2  # 1: count lookups per pool (the GC age clock)
 C_GC_CLOCK = STATE_SIZE + 3  # + pool: the pool's get_free_block call count
 C_EXPANDABLE = STATE_SIZE + 5  # 1: expandable segments (PyTorch's expandable_segments:True)
 C_DIVISIONS = STATE_SIZE + 8  # 16 roundup_power2_divisions entries
-C_STATS = C_DIVISIONS + ROUNDUP_INTERVALS  # NUM_STATS * 3 * 4 statistics
-CACHING_STATE_SIZE = C_STATS + NUM_STATS * 3 * 4
+C_STATS = C_DIVISIONS + ROUNDUP_INTERVALS  # NUM_STATS * 3 * 4 statistics, to C_LEASE_ON
+# An address lease (``lease_segment``): while the façade holds one, the kernel
+# makes new segments itself where the backend would have put them.
+C_LEASE_ON = C_STATS + NUM_STATS * 3 * 4  # 1 while a lease is held
+C_LEASE_TOP = C_LEASE_ON + 1  # the backend's next region starts above this...
+C_LEASE_GAP = C_LEASE_ON + 2  # ...plus this gap...
+C_LEASE_ALIGN = C_LEASE_ON + 3  # ...aligned to this (and to MIN_BLOCK_SIZE)
+C_LEASE_GRANULE = C_LEASE_ON + 4  # region sizes are rounded up to a multiple of this
+C_LEASE_ROOM = C_LEASE_ON + 5  # bytes the backend can still grant
+C_LEASE_LIMIT = C_LEASE_ON + 6  # most reserved bytes (the memory limit; int64 max if none)
+C_LEASE_SEGMENTS = C_LEASE_ON + 7  # segments made under the lease...
+C_LEASE_LOG = C_LEASE_ON + 8  # ...their region rows, in the order made
+LEASE_LOG_SIZE = 64  # a full log asks for NEED_ROWS: the façade records, then leases again
+CACHING_STATE_SIZE = C_LEASE_LOG + LEASE_LOG_SIZE
+_INT64_MAX = np.int64(2**63 - 1)
 
 
 @njit(cache=True, inline="always")
@@ -283,7 +296,8 @@ def take_block(chunks, bins, regions, pmap, state, h, requested):
 
 @inner
 def caching_allocate(chunks, bins, regions, pmap, state, requested):
-    """Serve ``requested`` (> 0) bytes from the cached blocks.
+    """Serve ``requested`` (> 0) bytes from the cached blocks, or under an
+    address lease from a new segment (``lease_segment``).
 
     Returns the address, ``NOT_FOUND`` (the façade allocates a segment) or
     ``NEED_ROWS``; on either code no block has changed.
@@ -291,10 +305,53 @@ def caching_allocate(chunks, bins, regions, pmap, state, requested):
     if not room_for_operation(pmap, state):
         return NEED_ROWS
     size = round_size(requested, state)
-    h = get_free_block(chunks, bins, regions, state, pool_for_size(size), size)
+    pool = pool_for_size(size)
+    h = get_free_block(chunks, bins, regions, state, pool, size)
     if h == NO_HANDLE:
-        return NOT_FOUND
+        if state[C_LEASE_ON] == 0:
+            return NOT_FOUND
+        r = lease_segment(chunks, bins, regions, state, size, pool)
+        if r < 0:
+            return r
+        h = regions[r]["first"]
     return take_block(chunks, bins, regions, pmap, state, h, requested)
+
+
+@inner
+def lease_segment(chunks, bins, regions, state, size, pool):
+    """PyTorch's first ``alloc_block`` for a ``size``-byte block, when it succeeds,
+    without a trip to the façade: the new segment goes where the backend's
+    address lease (``SubAllocator.address_lease``) says its next region would.
+
+    The façade holds a lease only when its own slow path would come to the same
+    call first (no garbage collection, history or expandable segments), and
+    records the segments made under it with the backend when it ends the lease.
+    Returns the segment's region row, or ``NOT_FOUND`` / ``NEED_ROWS`` with
+    nothing changed: its log full, over the memory limit or the backend's room, past the
+    int64 address space, or a size the façade must refuse (its slow path then
+    decides, as without a lease).
+    """
+    if state[C_LEASE_SEGMENTS] == LEASE_LOG_SIZE:
+        return NEED_ROWS
+    alloc_size = allocation_size(size)
+    if alloc_size > state[C_LEASE_LIMIT] - state[C_STATS + RESERVED_BYTES * 12]:
+        return NOT_FOUND
+    granule = state[C_LEASE_GRANULE]
+    received = (alloc_size + granule - 1) // granule * granule
+    if received % MIN_BLOCK_SIZE != 0 or received > state[C_LEASE_ROOM]:
+        return NOT_FOUND
+    align = max(state[C_LEASE_ALIGN], MIN_BLOCK_SIZE)
+    ptr = (state[C_LEASE_TOP] + state[C_LEASE_GAP] + align - 1) // align * align
+    if ptr > _INT64_MAX - received:
+        return NOT_FOUND
+    r = caching_add_segment(chunks, bins, regions, state, ptr, received, pool)
+    if r < 0:
+        return r
+    state[C_LEASE_TOP] = ptr + received
+    state[C_LEASE_ROOM] -= received
+    state[C_LEASE_LOG + state[C_LEASE_SEGMENTS]] = r
+    state[C_LEASE_SEGMENTS] += 1
+    return r
 
 
 @inner
