@@ -25,6 +25,7 @@ from ..errors import InvalidPointerError, OutOfMemoryError
 from ..framework.validate import MAX_INT64, check_alignment
 from ..kernels import layout as L
 from ..kernels.operations import (
+    free_region_rows_op,
     largest_free_chunk_op,
     map_lookup_op,
     map_rehash_op,
@@ -59,6 +60,7 @@ _MAP_LOOKUP = Kernel(map_lookup_op)
 # Chunk-level operations every table-backed allocator calls.
 REMOVE_REGION = Kernel(remove_region_op)
 LARGEST_FREE_CHUNK = Kernel(largest_free_chunk_op)
+_FREE_REGION_ROWS = Kernel(free_region_rows_op)
 
 
 # Without a GIL two kernel calls can run at once, so nothing may go lock-free:
@@ -127,6 +129,11 @@ class TableStore:
     _RUN_BATCH: Kernel
     _POOL_NAMES_BLOCKS = True  # records show a fixed-bin region's bin for in-use blocks too
     _IN_USE_SLOT: int  # the state slot counting bytes in use (policy's definition)
+
+    def _free_region_rows(self) -> np.ndarray:
+        """Rows of the regions with no chunk in use, in row order."""
+        rows = np.empty(self._regions.shape[0], dtype=np.int64)
+        return rows[:_FREE_REGION_ROWS.call(self._state, rows)]
 
     def _grow_tables(self) -> None:
         st = self._state

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..framework.validate import MAX_INT64
 from ..kernels import layout as L
 from ..kernels.operations import (
     add_region_op,
-    free_region_rows_op,
     merge_timestamped_op,
 )
 from ..policies.batch import run_batch_bfc
@@ -24,7 +21,6 @@ _COUNTER_SLOTS = 1 + max(L.S_NUM_ALLOCS, L.S_BYTES_IN_USE, L.S_PEAK_BYTES_IN_USE
                          L.S_LARGEST_ALLOC_SIZE, L.S_POOL_BYTES, L.S_PEAK_POOL_BYTES)
 _DEALLOCATE_TIMESTAMPED = Kernel(bfc_deallocate_timestamped_op)
 _MERGE_TIMESTAMPED = Kernel(merge_timestamped_op)
-_FREE_REGION_ROWS = Kernel(free_region_rows_op)
 
 
 class BFCAllocator(TableStore, BFCBase):
@@ -154,10 +150,8 @@ class BFCAllocator(TableStore, BFCBase):
         return bool(_MERGE_TIMESTAMPED.call(self._state, required, frontier))
 
     def _free_regions(self):
-        rows = np.empty(self._regions.shape[0], dtype=np.int64)
-        n = _FREE_REGION_ROWS.call(self._state, rows)
         return [(int(r), int(self._regions[r]["base"]), int(self._regions[r]["size"]))
-                for r in rows[:n]]
+                for r in self._free_region_rows()]
 
     def _remove_region(self, key) -> None:
         REMOVE_REGION.call(self._state, key)

@@ -205,6 +205,18 @@ class CachingAllocator(TableStore, CachingBase):
         r = _DEALLOCATE.call(self._state, ptr, True)
         return None if r < 0 else int(r)
 
+    def _whole_free_segments(self) -> list[int]:
+        # Far cheaper than _free_blocks on a big chunk table: a kernel finds
+        # the free regions, and only those rows are sorted.
+        rows = self._free_region_rows()
+        if not rows.size:
+            return []
+        regions = self._regions[rows]
+        keep = regions["page"] == 0
+        rows, regions = rows[keep], regions[keep]
+        # LARGE_POOL (1) before SMALL_POOL (0), then (size, address).
+        return rows[np.lexsort((regions["base"], regions["size"], -regions["bin"]))].tolist()
+
     def _free_blocks(self, pool: int) -> np.ndarray:
         ch = self._chunks
         rows = ch[(ch["size"] > 0) & (ch["allocation_id"] == -1) & (ch["bin"] == pool)]

@@ -499,16 +499,28 @@ class CachingBase(PooledAllocator):
         allocated, reserved = self._usage()
         if allocated == reserved:
             return  # every segment is wholly in use: no free block, no pass over them
+        for segment in self._whole_free_segments():
+            self._release(segment)
+        if not self.expandable_segments:
+            return
         for pool in (LARGE_POOL, SMALL_POOL):
-            blocks = self._free_blocks(pool)
-            for segment in blocks["segment"][~blocks["split"] & ~blocks["expandable"]].tolist():
-                self._release(segment)
             # Expandable blocks give back their whole free pages (PyTorch's
             # unmap_block), in the pool's (size, address) order.
+            blocks = self._free_blocks(pool)
             expandable = blocks[blocks["expandable"]]
             if expandable.size:
                 self._unmap_free_blocks(pool, list(zip(expandable["size"].tolist(),
                                                        expandable["ptr"].tolist())))
+
+    def _whole_free_segments(self) -> list[int]:
+        """The segments that are one free (unsplit, not expandable) block each,
+        in the order PyTorch releases them: the large pool first, each pool in
+        its (size, address) order."""
+        out = []
+        for pool in (LARGE_POOL, SMALL_POOL):
+            blocks = self._free_blocks(pool)
+            out += blocks["segment"][~blocks["split"] & ~blocks["expandable"]].tolist()
+        return out
 
     def _garbage_collect(self) -> None:
         """PyTorch's ``garbage_collect_cached_blocks``: release the oldest unsplit
