@@ -17,6 +17,7 @@ from numba_bfc import (
 )
 from numba_bfc.backends import HostSubAllocator, VirtualSubAllocator
 from numba_bfc.cli.replay import main as replay_main
+from numba_bfc.policies.compact import LEASE_LOG_PIECES
 from numba_bfc.testing import ReferenceBFCAllocator, ReferenceCompactAllocator
 from numba_bfc.testing.invariants import check_invariants
 from numba_bfc.traces import Trace, min_limit, replay
@@ -28,11 +29,11 @@ PAGE = 64 * KiB
 
 
 def make(cls=CompactAllocator, limit=64 * MiB, page=PAGE, threshold=4 * PAGE, small=0,
-         **backend):
+         capacity=None, **backend):
     """A compact allocator on simulated memory; ``small > 0`` adds a small space."""
     backend.setdefault("contiguous", True)
-    small_backend = VirtualSubAllocator(base=1 << 44, **backend) if small else None
-    return cls(VirtualSubAllocator(**backend), memory_limit=limit, page_size=page,
+    small_backend = VirtualSubAllocator(capacity, base=1 << 44, **backend) if small else None
+    return cls(VirtualSubAllocator(capacity, **backend), memory_limit=limit, page_size=page,
                release_threshold=threshold, small_size=small or None,
                small_backend=small_backend)
 
@@ -649,3 +650,55 @@ def test_batch_with_timed_frees_matches_single_calls(cls, ref, program, frontier
     assert out.tolist() == single_calls(allocators[1], ops, ids, szs)
     assert allocators[0]._records().tolist() == allocators[1]._records().tolist()
     check_invariants(allocators[0])
+
+
+def _replay_outcome(trace, allocator, engine, alignment):
+    try:
+        r = replay(trace, allocator, engine=engine, alignment=alignment)
+    except (RuntimeError, ValueError) as e:  # a backend the policy refuses
+        return (type(e).__name__, str(e))
+    return r.addresses.tolist(), r.ooms, r.first_oom
+
+
+@settings(max_examples=80, deadline=None)
+@given(config=configs, capacity=st.sampled_from([None, None, 3 * MiB]),
+       alignment=st.sampled_from([256, 256, 4096, 128 * KiB]),
+       program=st.lists(st.tuples(st.booleans(), sizes, st.integers(0, 99)), max_size=150))
+def test_batch_growth_under_address_leases_matches_the_reference(config, capacity, alignment,
+                                                                 program):
+    """A replay's batch grows a space at its top in the kernel where the space's
+    address lease allows; the rest (first regions, holes, limits, capacity,
+    misaligned fits) goes the façade's way. Every address, failure, region,
+    backend piece and backend record must be the reference's single calls',
+    also after empty_cache gives pages back."""
+    ops_, ids, szs = batch_program(program)
+    trace = Trace.from_arrays(ops_, ids, szs)
+    fast, ref = (make(cls, capacity=capacity, **config)
+                 for cls in (CompactAllocator, ReferenceCompactAllocator))
+    assert (_replay_outcome(trace, fast, "kernel", alignment)
+            == _replay_outcome(trace, ref, "python", alignment))
+    assert _observe(fast) == _observe(ref)
+    check_invariants(fast)
+    assert fast.empty_cache() == ref.empty_cache()
+    assert _observe(fast) == _observe(ref)
+    for f, r in ((fast.backend, ref.backend), (fast.small_backend, ref.small_backend)):
+        if f is not None:
+            assert f.mapped_ranges() == r.mapped_ranges()
+
+
+def test_a_batch_grows_its_spaces_in_the_kernel():
+    """Growth at the top of both spaces, more pieces than one lease's log holds:
+    two backend calls through the façade (each space's first region) in all."""
+    n = 3 * LEASE_LOG_PIECES
+    ops_, ids = [0] * n, list(range(n))
+    szs = [(i % 5 + 1) * (100 * KiB if i % 2 else 3 * KiB) for i in range(n)]
+    fast = make(CompactAllocator, limit=1 << 30, small=16 * KiB)
+    ref = make(ReferenceCompactAllocator, limit=1 << 30, small=16 * KiB)
+    slow = []
+    extend = fast._extend
+    fast._extend = lambda *args: slow.append(args) or extend(*args)
+    out = fast.run_batch(np.array(ops_), np.array(ids), np.array(szs))
+    assert out.tolist() == single_calls(ref, ops_, ids, szs)
+    assert _observe(fast) == _observe(ref)
+    assert len(slow) <= 2 + n // LEASE_LOG_PIECES
+    assert fast.backend.num_allocs + fast.small_backend.num_allocs > LEASE_LOG_PIECES

@@ -204,6 +204,11 @@ class TableStore:
         """The slow path after ``_grow_for``'s growth and the kernel's retry."""
         raise NotImplementedError
 
+    def _serve_after_lease_growth(self, n: int, alignment: int) -> int:
+        """The slow path after the kernel grew for ``n`` bytes under an address
+        lease (as ``_grow_for`` would) and its retry missed."""
+        raise NotImplementedError
+
     def _refuse_too_large(self, n: int, alignment: int) -> int:
         """An allocation above ``_largest_request()``: refused, as a single call refuses it."""
         raise self._request_too_large(n, alignment)
@@ -373,6 +378,9 @@ class TableStore:
                 continue
             if code == TOO_LARGE:
                 serve = self._refuse_too_large
+            elif code == L.GREW_NOT_FOUND:  # the kernel's own growth, as _grow_for's
+                grown_at = i
+                serve = self._serve_after_lease_growth
             elif code == L.NOT_FOUND:
                 if i != grown_at:
                     grown = self._grow_for(int(sizes[i]), alignment)

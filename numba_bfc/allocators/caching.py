@@ -145,7 +145,7 @@ class CachingAllocator(TableStore, CachingBase):
         st = self._state
         if lease is not self._lease:  # else the slots still hold it
             self._lease = lease
-            st[C.C_LEASE_TOP:C.C_LEASE_LIMIT] = lease[:]  # top, gap, alignment, granule, room
+            st[C.C_LEASE:C.C_LEASE_LOG] = lease
         st[C.C_LEASE_LIMIT] = (MAX_INT64 if self.memory_limit is None
                                else min(self.memory_limit, MAX_INT64))
         st[C.C_LEASE_ON] = 1

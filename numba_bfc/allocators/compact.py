@@ -6,6 +6,7 @@ import numpy as np
 
 from ..framework.validate import MAX_INT64
 from ..kernels import layout as L
+from ..kernels.lease import LEASE_ROOM, LEASE_SLOTS
 from ..kernels.operations import (
     free_head_end_op,
     free_tail_start_op,
@@ -17,6 +18,13 @@ from ..policies.batch import run_batch_compact
 from ..policies.compact import (
     COMPACT_STATE_SIZE,
     NUM_SPACES,
+    S_HULLS,
+    S_LEASE_LIMIT,
+    S_LEASE_LOG,
+    S_LEASE_ON,
+    S_LEASE_PIECES,
+    S_LEASES,
+    S_QUANTA,
     S_RELEASE_DUE,
     S_RELEASE_THRESHOLD,
     S_SMALL_SIZE,
@@ -126,10 +134,57 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     def _serve_after_growth(self, n: int, alignment: int) -> int:
         return self._allocate_slow(n, alignment, 0, extended=True)
 
+    def _serve_after_lease_growth(self, n: int, alignment: int) -> int:
+        self._backend_refused = False  # the kernel's growth took its first try
+        return self._serve_after_growth(n, alignment)
+
     def _configure_compact(self) -> None:
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
         self._state[S_RELEASE_THRESHOLD] = self.release_threshold
         self._state[S_SMALL_SIZE] = self.small_size
+        self._state[S_QUANTA:S_QUANTA + NUM_SPACES] = self._quanta
+
+    def _open_lease(self) -> None:
+        # Only where _grow_for's growth is the top of a space that remaps, as
+        # the kernel's is (compact_base._grow_in_place with no holes).
+        if self._timestamps_used or self._punched:
+            return
+        st = self._state
+        held = False
+        for space, backend in enumerate(self._space_backends):
+            at = S_LEASES + space * LEASE_SLOTS
+            lease = backend.address_lease() if self._remapping[space] else None
+            if lease is None:
+                st[at + LEASE_ROOM] = -1  # no placement fits
+                continue
+            st[at:at + LEASE_SLOTS] = lease
+            lo, hi = self._hulls[space]
+            st[S_HULLS + 2 * space:S_HULLS + 2 * space + 2] = (min(lo, MAX_INT64), hi)
+            held = True
+        if held:
+            st[S_LEASE_LIMIT] = self.memory_limit
+            st[S_LEASE_ON] = 1
+
+    def _close_lease(self) -> None:
+        st = self._state
+        if not st[S_LEASE_ON]:
+            return
+        st[S_LEASE_ON] = 0
+        made = int(st[S_LEASE_PIECES])
+        if not made:
+            return
+        st[S_LEASE_PIECES] = 0
+        log = st[S_LEASE_LOG:S_LEASE_LOG + 3 * made].reshape(made, 3).tolist()
+        for space, backend in enumerate(self._space_backends):
+            pieces = [(ptr, size) for s, ptr, size in log if s == space]
+            if not pieces:
+                continue
+            backend.record_leased([p for p, _ in pieces], [n for _, n in pieces])
+            for ptr, size in pieces:
+                self._pieces[ptr] = (size, space)
+            lo, hi = self._hulls[space]
+            top, top_size = pieces[-1]  # in address order
+            self._hulls[space] = (min(lo, pieces[0][0]), max(hi, top + top_size))
 
     def _row(self, base: int) -> int:
         live = np.flatnonzero((self._regions["size"] > 0) & (self._regions["base"] == base))

@@ -8,7 +8,7 @@ The compact policy keeps BFC's chunk machinery (best fit, coalescing, the
   backend, ``small_backend``), so short-lived small blocks do not pin holes
   between large ones;
 * it grows a space by the pages a request is short of (at least
-  ``_GROWTH_PAGES`` pages or 1/``_GROWTH_FRACTION`` of the pool, whichever is
+  ``GROWTH_PAGES`` pages or 1/``GROWTH_FRACTION`` of the pool, whichever is
   less, within the limit), on backends whose regions are adjacent
   (``supports_coalescing``: ``CudaVirtualSubAllocator``,
   ``VirtualSubAllocator(contiguous=True)``, ``HostSubAllocator(contiguous=True)``),
@@ -35,16 +35,9 @@ import math
 
 from sortedcontainers import SortedDict
 
-from ..policies.compact import LARGE_SPACE, SMALL_SPACE
+from ..policies.compact import GROWTH_FRACTION, GROWTH_PAGES, LARGE_SPACE, SMALL_SPACE
 from ._options import resolve_compact_options
 from .bfc_base import MIN_ALLOCATION
-
-#: Growth is by at least this many pages, or 1/``_GROWTH_FRACTION`` of the
-#: pool if less, and never past the limit (measured: about half the backend
-#: round trips on growth-heavy replays, the smallest workable limits within
-#: 0.006x, since the defragmenting retry gives unused pages back).
-_GROWTH_PAGES = 8
-_GROWTH_FRACTION = 8
 
 
 def _round_up(n: int, quantum: int) -> int:
@@ -188,11 +181,11 @@ class CompactGrowth:
 
     def _growth_sizes(self, exact: int, quantum: int):
         """The sizes to ask for when ``exact`` bytes are lacking: with headroom
-        (``_GROWTH_PAGES`` pages or 1/``_GROWTH_FRACTION`` of the pool, whichever
+        (``GROWTH_PAGES`` pages or 1/``GROWTH_FRACTION`` of the pool, whichever
         is less, within the limit), then, if the backend cannot give that,
         exactly what is lacking."""
         pool = self._usage()[1]
-        extra = min(_GROWTH_PAGES * quantum, pool // _GROWTH_FRACTION, self.memory_limit - pool)
+        extra = min(GROWTH_PAGES * quantum, pool // GROWTH_FRACTION, self.memory_limit - pool)
         return dict.fromkeys((max(exact, extra // quantum * quantum), exact))
 
     def _grow_in_place(self, space: int, need: int, end: int, tail: int) -> bool:

@@ -32,6 +32,7 @@ from .tree import tree_insert, tree_max, tree_remove
 HONOUR_TIMESTAMPS = np.bool_(False)  # try_to_coalesce: leave timestamped chunks alone
 IGNORE_TIMESTAMPS = np.bool_(True)
 SEPARATE_REGIONS = np.bool_(False)  # add_region: never extend an adjacent region
+JOIN_REGIONS = np.bool_(True)  # add_region: extend the region that ends where it starts
 
 
 @njit(cache=True, inline="always")

@@ -129,6 +129,7 @@ NEED_ROWS = -1  # a table is full: the façade grows it and calls again
 NOT_FOUND = -2  # no free chunk fits: the façade extends the pool or fails
 INVALID_POINTER = -3  # not a live allocation
 TABLES_BUSY = -5  # a lock-free call stepped aside: the façade retries under its lock
+GREW_NOT_FOUND = -7  # grown by the kernel under an address lease, and still no fit
 
 # Rows every mutating kernel may consume in one call (padding split,
 # remainder split, one new region chunk); checked before anything changes.

@@ -51,6 +51,7 @@ from ..kernels.layout import (
     TABLES_BUSY,
     UNMAPPED,
 )
+from ..kernels.lease import LEASE_SLOTS, lease_next, lease_take
 from ..kernels.ptrmap import map_insert, map_remove
 from ..kernels.tree import tree_lower_bound, tree_successor
 
@@ -101,17 +102,12 @@ C_STATS = C_DIVISIONS + ROUNDUP_INTERVALS  # NUM_STATS * 3 * 4 statistics, to C_
 # An address lease (``lease_segment``): while the façade holds one, the kernel
 # makes new segments itself where the backend would have put them.
 C_LEASE_ON = C_STATS + NUM_STATS * 3 * 4  # 1 while a lease is held
-C_LEASE_TOP = C_LEASE_ON + 1  # the backend's next region starts above this...
-C_LEASE_GAP = C_LEASE_ON + 2  # ...plus this gap...
-C_LEASE_ALIGN = C_LEASE_ON + 3  # ...aligned to this (and to MIN_BLOCK_SIZE)
-C_LEASE_GRANULE = C_LEASE_ON + 4  # region sizes are rounded up to a multiple of this
-C_LEASE_ROOM = C_LEASE_ON + 5  # bytes the backend can still grant
-C_LEASE_LIMIT = C_LEASE_ON + 6  # most reserved bytes (the memory limit; int64 max if none)
-C_LEASE_SEGMENTS = C_LEASE_ON + 7  # segments made under the lease...
-C_LEASE_LOG = C_LEASE_ON + 8  # ...their region rows, in the order made
+C_LEASE_LIMIT = C_LEASE_ON + 1  # most reserved bytes (the memory limit; int64 max if none)
+C_LEASE_SEGMENTS = C_LEASE_ON + 2  # segments made under the lease...
+C_LEASE = C_LEASE_ON + 3  # the lease (kernels.lease, LEASE_SLOTS slots)
+C_LEASE_LOG = C_LEASE + LEASE_SLOTS  # ...their region rows, in the order made
 LEASE_LOG_SIZE = 64  # a full log asks for NEED_ROWS: the façade records, then leases again
 CACHING_STATE_SIZE = C_LEASE_LOG + LEASE_LOG_SIZE
-_INT64_MAX = np.int64(2**63 - 1)
 
 
 @njit(cache=True, inline="always")
@@ -336,19 +332,13 @@ def lease_segment(chunks, bins, regions, state, size, pool):
     alloc_size = allocation_size(size)
     if alloc_size > state[C_LEASE_LIMIT] - state[C_STATS + RESERVED_BYTES * 12]:
         return NOT_FOUND
-    granule = state[C_LEASE_GRANULE]
-    received = (alloc_size + granule - 1) // granule * granule
-    if received % MIN_BLOCK_SIZE != 0 or received > state[C_LEASE_ROOM]:
-        return NOT_FOUND
-    align = max(state[C_LEASE_ALIGN], MIN_BLOCK_SIZE)
-    ptr = (state[C_LEASE_TOP] + state[C_LEASE_GAP] + align - 1) // align * align
-    if ptr > _INT64_MAX - received:
+    ptr, received = lease_next(state, C_LEASE, alloc_size, MIN_BLOCK_SIZE)
+    if ptr < 0 or received % MIN_BLOCK_SIZE != 0:
         return NOT_FOUND
     r = caching_add_segment(chunks, bins, regions, state, ptr, received, pool)
     if r < 0:
         return r
-    state[C_LEASE_TOP] = ptr + received
-    state[C_LEASE_ROOM] -= received
+    lease_take(state, C_LEASE, ptr, received)
     state[C_LEASE_LOG + state[C_LEASE_SEGMENTS]] = r
     state[C_LEASE_SEGMENTS] += 1
     return r

@@ -14,27 +14,55 @@ Growth and giving memory back need the backend and stay in the façade
 (``numba_bfc.allocators.CompactAllocator``): it grows a space by the pages the
 request is short of, and gives whole free backend pieces at the end of a
 space back. The kernel's part of that is to notice, on a free, that the end
-has become worth giving back.
+has become worth giving back, and, in a batch under an address lease
+(``kernels.lease``), to grow a space at its top itself (``lease_growth``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.chunks import free_tail_start, round_up
+from ..kernels.chunks import JOIN_REGIONS, add_region, free_tail_start, round_up
 from ..kernels.guard import may_proceed, table_views
 from ..kernels.jit import inner, njit, operation
-from ..kernels.layout import NO_HANDLE, S_MIN_ALLOCATION, STATE_SIZE, TABLES_BUSY
+from ..kernels.layout import (
+    GREW_NOT_FOUND,
+    NO_HANDLE,
+    NOT_FOUND,
+    ROWS_PER_OPERATION,
+    S_FREE_ROWS,
+    S_MIN_ALLOCATION,
+    S_POOL_BYTES,
+    STATE_SIZE,
+    TABLES_BUSY,
+)
+from ..kernels.lease import LEASE_GRANULE, LEASE_SLOTS, LEASE_TOP, lease_next, lease_take
 from .bfc import allocate_from_bins, free_and_coalesce
 
 S_RELEASE_THRESHOLD = STATE_SIZE  # free tail bytes that trigger a release (0: never)
 S_RELEASE_DUE = STATE_SIZE + 1  # region row + 1 whose tail is due, 0 if none
 S_SMALL_SIZE = STATE_SIZE + 2  # requests below this go to the small space (0: one space)
-COMPACT_STATE_SIZE = STATE_SIZE + 3
+# Address leases, one per space (``lease_growth``), while the façade holds them.
+S_LEASE_ON = STATE_SIZE + 3  # 1 while the leases are held
+S_LEASE_LIMIT = STATE_SIZE + 4  # the memory limit
+S_QUANTA = STATE_SIZE + 5  # + space: its growth quantum (whole pages, whole granules)
+S_HULLS = STATE_SIZE + 7  # + 2 * space: lowest and highest address its pieces have used
+S_LEASES = STATE_SIZE + 11  # + LEASE_SLOTS * space: the space's lease (room -1: none)
+S_LEASE_PIECES = S_LEASES + 2 * LEASE_SLOTS  # pieces placed under the leases...
+S_LEASE_LOG = S_LEASE_PIECES + 1  # ...(space, address, size) each, in the order placed
+LEASE_LOG_PIECES = 32
+COMPACT_STATE_SIZE = S_LEASE_LOG + 3 * LEASE_LOG_PIECES
 
 LARGE_SPACE = 0  # the bin (and region ``bin``) of each space
 SMALL_SPACE = 1
 NUM_SPACES = 2
+
+#: Growth is by at least this many pages, or 1/``GROWTH_FRACTION`` of the
+#: pool if less, and never past the limit (measured: about half the backend
+#: round trips on growth-heavy replays, the smallest workable limits within
+#: 0.006x, since the defragmenting retry gives unused pages back).
+GROWTH_PAGES = 8
+GROWTH_FRACTION = 8
 
 
 @njit(cache=True, inline="always")
@@ -53,8 +81,60 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
     quantum = state[S_MIN_ALLOCATION]
     rounded = round_up(num_bytes, quantum)
     space = space_for(rounded, state)
-    return allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded,
-                              max(alignment, quantum), freed_before, space, space + 1)
+    alignment = max(alignment, quantum)
+    p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, alignment,
+                           freed_before, space, space + 1)
+    if p != NOT_FOUND or state[S_LEASE_ON] == 0:
+        return p
+    if not lease_growth(chunks, bins, regions, state, space, rounded + alignment - quantum):
+        return NOT_FOUND
+    p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, alignment,
+                           freed_before, space, space + 1)
+    return GREW_NOT_FOUND if p == NOT_FOUND else p
+
+
+@inner
+def lease_growth(chunks, bins, regions, state, space, need):
+    """The façade's first growth step for ``need`` bytes (``CompactGrowth._extend``
+    on a space that remaps, with no holes), when its first try succeeds: the
+    pages the space's highest region lacks, with its headroom, mapped at its
+    top where the space's address lease says the backend would map them.
+
+    Returns True if it grew; False with nothing changed when the façade must
+    decide (no region or lease for the space, its top elsewhere, over the
+    limit or the backend's room, a clash with the other space, the log or the
+    chunk table full).
+    """
+    if state[S_LEASE_PIECES] == LEASE_LOG_PIECES or state[S_FREE_ROWS] <= ROWS_PER_OPERATION:
+        return False
+    at = S_LEASES + space * LEASE_SLOTS
+    end, tail = top_region_tail(chunks, regions, space)
+    if end == 0 or end != state[at + LEASE_TOP]:
+        return False
+    quantum = state[S_QUANTA + space]
+    pool = state[S_POOL_BYTES]
+    room = state[S_LEASE_LIMIT] - pool
+    size = max(round_up(max(need - tail, 1), quantum),
+               min(GROWTH_PAGES * quantum, pool // GROWTH_FRACTION, room) // quantum * quantum)
+    if size > room:
+        return False
+    ptr, received = lease_next(state, at, size, state[S_MIN_ALLOCATION])
+    if ptr != end or received != size or ptr % state[at + LEASE_GRANULE] != 0:
+        return False  # not what mapping exactly there would do
+    other = S_HULLS + 2 * (1 - space)
+    if ptr + size > state[other] and ptr < state[other + 1]:
+        return False
+    add_region(chunks, bins, regions, state, ptr, size, JOIN_REGIONS, space)
+    lease_take(state, at, ptr, size)
+    own = S_HULLS + 2 * space
+    state[own] = min(state[own], ptr)
+    state[own + 1] = max(state[own + 1], ptr + size)
+    log = S_LEASE_LOG + 3 * state[S_LEASE_PIECES]
+    state[log] = space
+    state[log + 1] = ptr
+    state[log + 2] = size
+    state[S_LEASE_PIECES] += 1
+    return True
 
 
 @inner
