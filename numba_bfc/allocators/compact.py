@@ -6,7 +6,6 @@ import numpy as np
 
 from ..framework.validate import MAX_INT64
 from ..kernels import layout as L
-from ..kernels.lease import LEASE_ROOM, LEASE_SLOTS
 from ..kernels.operations import (
     free_head_end_op,
     free_tail_start_op,
@@ -18,13 +17,10 @@ from ..policies.batch import run_batch_compact
 from ..policies.compact import (
     COMPACT_STATE_SIZE,
     NUM_SPACES,
-    S_HULLS,
     S_LEASE_LIMIT,
     S_LEASE_LOG,
     S_LEASE_ON,
     S_LEASE_PIECES,
-    S_LEASES,
-    S_QUANTA,
     S_RELEASE_DUE,
     S_RELEASE_THRESHOLD,
     S_SMALL_SIZE,
@@ -142,28 +138,26 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
         self._state[S_RELEASE_THRESHOLD] = self.release_threshold
         self._state[S_SMALL_SIZE] = self.small_size
-        self._state[S_QUANTA:S_QUANTA + NUM_SPACES] = self._quanta
 
     def _open_lease(self) -> None:
-        # Only where _grow_for's growth is the top of a space that remaps, as
-        # the kernel's is (compact_base._grow_in_place with no holes).
+        # Only where _grow_for's growth is the kernel's: a space that remaps,
+        # with no holes (compact_base._extend, _grow_in_place).
         if self._timestamps_used or self._punched:
             return
+        leases = [b.address_lease() if remaps else None
+                  for b, remaps in zip(self._space_backends, self._remapping)]
+        if leases == [None, None]:
+            return
+        # The slots S_LEASE_LIMIT .. S_LEASE_PIECES - 1, in order, at once.
+        slots = [self.memory_limit, *self._quanta]
+        for lo, hi in self._hulls:
+            slots += (min(lo, MAX_INT64), hi)
+        slots.append(self.page_size)
+        for lease in leases:
+            slots += (0, 0, 0, 0, -1) if lease is None else lease  # room -1: nothing fits
         st = self._state
-        held = False
-        for space, backend in enumerate(self._space_backends):
-            at = S_LEASES + space * LEASE_SLOTS
-            lease = backend.address_lease() if self._remapping[space] else None
-            if lease is None:
-                st[at + LEASE_ROOM] = -1  # no placement fits
-                continue
-            st[at:at + LEASE_SLOTS] = lease
-            lo, hi = self._hulls[space]
-            st[S_HULLS + 2 * space:S_HULLS + 2 * space + 2] = (min(lo, MAX_INT64), hi)
-            held = True
-        if held:
-            st[S_LEASE_LIMIT] = self.memory_limit
-            st[S_LEASE_ON] = 1
+        st[S_LEASE_LIMIT:S_LEASE_PIECES] = slots
+        st[S_LEASE_ON] = 1
 
     def _close_lease(self) -> None:
         st = self._state
@@ -180,8 +174,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
             if not pieces:
                 continue
             backend.record_leased([p for p, _ in pieces], [n for _, n in pieces])
-            for ptr, size in pieces:
-                self._pieces[ptr] = (size, space)
+            self._file_pieces([(ptr, (size, space)) for ptr, size in pieces])
             lo, hi = self._hulls[space]
             top, top_size = pieces[-1]  # in address order
             self._hulls[space] = (min(lo, pieces[0][0]), max(hi, top + top_size))

@@ -71,8 +71,10 @@ class CompactGrowth:
         self._space_backends = (backend, small_backend)
         # Split whenever the remainder is a chunk of its own.
         self._max_internal_fragmentation = MIN_ALLOCATION
-        # Backend allocations: ptr -> (size, space); and the span each space has used.
-        self._pieces: SortedDict = SortedDict()
+        # Backend allocations: ptr -> (size, space) (see _pieces); and the span
+        # each space has used.
+        self._piece_map: SortedDict = SortedDict()
+        self._unfiled_pieces: list[tuple[int, tuple[int, int]]] = []
         self._hulls = [(1 << 63, 0), (1 << 63, 0)]
         # Set once a page has gone back from the middle of a space: from then
         # on growth also looks at the holes.
@@ -82,6 +84,19 @@ class CompactGrowth:
         self._quanta = [math.lcm(self.page_size, int(getattr(b, "granularity", 1) or 1))
                         for b in self._space_backends]
         self._configure_compact()
+
+    @property
+    def _pieces(self) -> SortedDict:
+        """Backend allocations, ``ptr -> (size, space)``, with the pieces a batch
+        kernel placed (``_file_pieces``) folded in when first read."""
+        if self._unfiled_pieces:
+            unfiled, self._unfiled_pieces = self._unfiled_pieces, []
+            self._piece_map.update(unfiled)
+        return self._piece_map
+
+    def _file_pieces(self, pieces: list[tuple[int, tuple[int, int]]]) -> None:
+        """Add ``(ptr, (size, space))`` pieces to ``_pieces`` when it is next read."""
+        self._unfiled_pieces += pieces
 
     @property
     def small_backend(self):

@@ -32,6 +32,7 @@ from ..kernels.layout import (
     ROWS_PER_OPERATION,
     S_FREE_ROWS,
     S_MIN_ALLOCATION,
+    S_NUM_REGIONS,
     S_POOL_BYTES,
     STATE_SIZE,
     TABLES_BUSY,
@@ -42,12 +43,14 @@ from .bfc import allocate_from_bins, free_and_coalesce
 S_RELEASE_THRESHOLD = STATE_SIZE  # free tail bytes that trigger a release (0: never)
 S_RELEASE_DUE = STATE_SIZE + 1  # region row + 1 whose tail is due, 0 if none
 S_SMALL_SIZE = STATE_SIZE + 2  # requests below this go to the small space (0: one space)
-# Address leases, one per space (``lease_growth``), while the façade holds them.
+# Address leases, one per space (``lease_growth``), while the façade holds them;
+# the façade writes S_LEASE_LIMIT .. S_LEASE_PIECES - 1 in one go, in this order.
 S_LEASE_ON = STATE_SIZE + 3  # 1 while the leases are held
 S_LEASE_LIMIT = STATE_SIZE + 4  # the memory limit
 S_QUANTA = STATE_SIZE + 5  # + space: its growth quantum (whole pages, whole granules)
 S_HULLS = STATE_SIZE + 7  # + 2 * space: lowest and highest address its pieces have used
-S_LEASES = STATE_SIZE + 11  # + LEASE_SLOTS * space: the space's lease (room -1: none)
+S_PAGE_SIZE = STATE_SIZE + 11  # the growth quantum of a space's first region
+S_LEASES = STATE_SIZE + 12  # + LEASE_SLOTS * space: the space's lease (room -1: none)
 S_LEASE_PIECES = S_LEASES + 2 * LEASE_SLOTS  # pieces placed under the leases...
 S_LEASE_LOG = S_LEASE_PIECES + 1  # ...(space, address, size) each, in the order placed
 LEASE_LOG_PIECES = 32
@@ -97,42 +100,50 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
 def lease_growth(chunks, bins, regions, state, space, need):
     """The façade's first growth step for ``need`` bytes (``CompactGrowth._extend``
     on a space that remaps, with no holes), when its first try succeeds: the
-    pages the space's highest region lacks, with its headroom, mapped at its
-    top where the space's address lease says the backend would map them.
+    space's first region, or the pages its highest region lacks, with the
+    headroom, mapped at its top; where the space's address lease says the
+    backend would put them.
 
     Returns True if it grew; False with nothing changed when the façade must
-    decide (no region or lease for the space, its top elsewhere, over the
-    limit or the backend's room, a clash with the other space, the log or the
-    chunk table full).
+    decide (no lease for the space, its top elsewhere, over the limit or the
+    backend's room, a clash with the other space, the log or a table full).
     """
     if state[S_LEASE_PIECES] == LEASE_LOG_PIECES or state[S_FREE_ROWS] <= ROWS_PER_OPERATION:
         return False
     at = S_LEASES + space * LEASE_SLOTS
     end, tail = top_region_tail(chunks, regions, space)
-    if end == 0 or end != state[at + LEASE_TOP]:
+    if end == 0:  # a new region (alloc)
+        if state[S_NUM_REGIONS] >= regions.shape[0]:
+            return False
+        quantum = state[S_PAGE_SIZE]
+    elif end == state[at + LEASE_TOP]:  # pages mapped at the top (alloc_at)
+        quantum = state[S_QUANTA + space]
+    else:
         return False
-    quantum = state[S_QUANTA + space]
     pool = state[S_POOL_BYTES]
     room = state[S_LEASE_LIMIT] - pool
     size = max(round_up(max(need - tail, 1), quantum),
                min(GROWTH_PAGES * quantum, pool // GROWTH_FRACTION, room) // quantum * quantum)
     if size > room:
         return False
-    ptr, received = lease_next(state, at, size, state[S_MIN_ALLOCATION])
-    if ptr != end or received != size or ptr % state[at + LEASE_GRANULE] != 0:
-        return False  # not what mapping exactly there would do
+    least = state[S_MIN_ALLOCATION]  # the alignment asked of the backend
+    ptr, received = lease_next(state, at, size, least)
+    if ptr < 0 or received > room or ptr % least != 0 or received % least != 0:
+        return False  # the façade gives it back (past the limit) or refuses it
+    if end != 0 and (ptr != end or received != size or ptr % state[at + LEASE_GRANULE] != 0):
+        return False  # not what mapping exactly at the top would do
     other = S_HULLS + 2 * (1 - space)
-    if ptr + size > state[other] and ptr < state[other + 1]:
+    if ptr + received > state[other] and ptr < state[other + 1]:
         return False
-    add_region(chunks, bins, regions, state, ptr, size, JOIN_REGIONS, space)
-    lease_take(state, at, ptr, size)
+    add_region(chunks, bins, regions, state, ptr, received, JOIN_REGIONS, space)
+    lease_take(state, at, ptr, received)
     own = S_HULLS + 2 * space
     state[own] = min(state[own], ptr)
-    state[own + 1] = max(state[own + 1], ptr + size)
+    state[own + 1] = max(state[own + 1], ptr + received)
     log = S_LEASE_LOG + 3 * state[S_LEASE_PIECES]
     state[log] = space
     state[log + 1] = ptr
-    state[log + 2] = size
+    state[log + 2] = received
     state[S_LEASE_PIECES] += 1
     return True
 
