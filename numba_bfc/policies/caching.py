@@ -107,6 +107,9 @@ C_LEASE_SEGMENTS = C_LEASE_ON + 2  # segments made under the lease...
 C_LEASE = C_LEASE_ON + 3  # the lease (kernels.lease, LEASE_SLOTS slots)
 C_LEASE_LOG = C_LEASE + LEASE_SLOTS  # ...their region rows, in the order made
 LEASE_LOG_SIZE = 64  # a full log asks for NEED_ROWS: the façade records, then leases again
+# NumPy scalars, not Python literals: the lease kernels compile once for both policies.
+_LEASE_AT = np.int64(C_LEASE)
+_SEGMENT_ALIGNMENT = np.int64(MIN_BLOCK_SIZE)
 CACHING_STATE_SIZE = C_LEASE_LOG + LEASE_LOG_SIZE
 
 
@@ -332,13 +335,13 @@ def lease_segment(chunks, bins, regions, state, size, pool):
     alloc_size = allocation_size(size)
     if alloc_size > state[C_LEASE_LIMIT] - state[C_STATS + RESERVED_BYTES * 12]:
         return NOT_FOUND
-    ptr, received = lease_next(state, C_LEASE, alloc_size, MIN_BLOCK_SIZE)
+    ptr, received = lease_next(state, _LEASE_AT, alloc_size, _SEGMENT_ALIGNMENT)
     if ptr < 0 or received % MIN_BLOCK_SIZE != 0:
         return NOT_FOUND
     r = caching_add_segment(chunks, bins, regions, state, ptr, received, pool)
     if r < 0:
         return r
-    lease_take(state, C_LEASE, ptr, received)
+    lease_take(state, _LEASE_AT, ptr, received)
     state[C_LEASE_LOG + state[C_LEASE_SEGMENTS]] = r
     state[C_LEASE_SEGMENTS] += 1
     return r
