@@ -134,6 +134,8 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         self._backend_refused = False  # the kernel's growth took its first try
         return self._serve_after_growth(n, alignment)
 
+    _lease_inputs = None  # what _open_lease last wrote into the state
+
     def _configure_compact(self) -> None:
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
         self._state[S_RELEASE_THRESHOLD] = self.release_threshold
@@ -144,19 +146,23 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         # with no holes (compact_base._extend, _grow_in_place).
         if self._timestamps_used or self._punched:
             return
-        leases = [b.address_lease() if remaps else None
-                  for b, remaps in zip(self._space_backends, self._remapping)]
-        if leases == [None, None]:
+        (large, small), (large_remaps, small_remaps) = self._space_backends, self._remapping
+        leases = (large.address_lease() if large_remaps else None,
+                  small.address_lease() if small_remaps else None)
+        if leases == (None, None):
             return
-        # The slots S_LEASE_LIMIT .. S_LEASE_PIECES - 1, in order, at once.
-        slots = [self.memory_limit, *self._quanta]
-        for lo, hi in self._hulls:
-            slots += (min(lo, MAX_INT64), hi)
-        slots.append(self.page_size)
-        for lease in leases:
-            slots += (0, 0, 0, 0, -1) if lease is None else lease  # room -1: nothing fits
         st = self._state
-        st[S_LEASE_LIMIT:S_LEASE_PIECES] = slots
+        inputs = (leases, self._hulls[0], self._hulls[1], self.memory_limit)
+        if inputs != self._lease_inputs:  # else the slots still hold them
+            self._lease_inputs = inputs
+            # The slots S_LEASE_LIMIT .. S_LEASE_PIECES - 1, in order, at once.
+            slots = [self.memory_limit, *self._quanta]
+            for lo, hi in self._hulls:
+                slots += (min(lo, MAX_INT64), hi)
+            slots.append(self.page_size)
+            for lease in leases:
+                slots += (0, 0, 0, 0, -1) if lease is None else lease  # room -1: nothing fits
+            st[S_LEASE_LIMIT:S_LEASE_PIECES] = slots
         st[S_LEASE_ON] = 1
 
     def _close_lease(self) -> None:
@@ -168,6 +174,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         if not made:
             return
         st[S_LEASE_PIECES] = 0
+        self._lease_inputs = None  # the slots moved on: write them afresh
         log = st[S_LEASE_LOG:S_LEASE_LOG + 3 * made].reshape(made, 3).tolist()
         for space, backend in enumerate(self._space_backends):
             pieces = [(ptr, size) for s, ptr, size in log if s == space]
