@@ -55,6 +55,15 @@ def _integer_array(values, name: str) -> np.ndarray:
         raise ValueError(f"{name} must fit in int64, got {int(array.max())}")
     return np.ascontiguousarray(array, dtype=np.int64)
 
+# Each table's state slots: its data address and its length (None: fixed).
+_TABLE_SLOTS = {
+    "_chunks": (L.S_CHUNKS_ADDR, L.S_CHUNK_ROWS),
+    "_bins": (L.S_BINS_ADDR, None),
+    "_regions": (L.S_REGIONS_ADDR, L.S_REGION_ROWS),
+    "_pmap": (L.S_PMAP_ADDR, L.S_PMAP_SLOTS),
+    "_tsq": (L.S_TSQ_ADDR, L.S_TSQ_SLOTS),
+}
+
 _SAMPLE_USAGE = Kernel(sample_usage)
 _MAP_LOOKUP = Kernel(map_lookup_op)
 # Chunk-level operations every table-backed allocator calls.
@@ -111,18 +120,16 @@ class TableStore:
         self._lock = TableLock(self._state)
         self._note_table_addresses()
 
-    def _note_table_addresses(self) -> None:
-        """Record where the tables are, for lock-free kernels (``kernels.guard``)."""
+    def _note_table_addresses(self, *names: str) -> None:
+        """Record where the tables (or the ones named) are, for lock-free kernels
+        (``kernels.guard``)."""
         st = self._state
-        st[L.S_CHUNKS_ADDR] = self._chunks.ctypes.data
-        st[L.S_CHUNK_ROWS] = self._chunks.shape[0]
-        st[L.S_BINS_ADDR] = self._bins.ctypes.data
-        st[L.S_REGIONS_ADDR] = self._regions.ctypes.data
-        st[L.S_REGION_ROWS] = self._regions.shape[0]
-        st[L.S_PMAP_ADDR] = self._pmap.ctypes.data
-        st[L.S_PMAP_SLOTS] = self._pmap.shape[0]
-        st[L.S_TSQ_ADDR] = self._tsq.ctypes.data
-        st[L.S_TSQ_SLOTS] = self._tsq.shape[0]
+        for name in names or _TABLE_SLOTS:
+            table = getattr(self, name)
+            address, length = _TABLE_SLOTS[name]
+            st[address] = table.ctypes.data  # a few microseconds each
+            if length is not None:
+                st[length] = table.shape[0]
 
     # Every caller passes the same argument types (arrays made contiguous with
     # fixed dtypes), so the batch kernel can skip the dispatcher after first use.
@@ -137,17 +144,23 @@ class TableStore:
 
     def _grow_tables(self) -> None:
         st = self._state
+        grown = []
         if st[L.S_FREE_ROWS] < L.ROWS_PER_OPERATION:
             self._chunks = L.grow_chunks(self._chunks, st)
+            grown.append("_chunks")
         if 2 * (st[L.S_MAP_COUNT] + 1) > self._pmap.shape[0]:
-            grown = np.zeros((2 * self._pmap.shape[0], 2), dtype=np.int64)
-            map_rehash_op(st, grown)
-            self._pmap = grown
+            pmap = np.zeros((2 * self._pmap.shape[0], 2), dtype=np.int64)
+            map_rehash_op(st, pmap)
+            self._pmap = pmap
+            grown.append("_pmap")
         if st[L.S_NUM_REGIONS] >= self._regions.shape[0]:
             self._regions = L.grow_regions(self._regions)
+            grown.append("_regions")
         if st[L.S_TSQ_COUNT] >= self._tsq.shape[0]:
             self._tsq = L.grow_queue(self._tsq, st)
-        self._note_table_addresses()
+            grown.append("_tsq")
+        if grown:
+            self._note_table_addresses(*grown)
 
     def _drive_single(self, ops, ids, sizes, alignment, id_ptr, out, start, stop, series,
                       stride, on_oom, labels=None) -> None:
