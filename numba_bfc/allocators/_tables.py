@@ -55,6 +55,7 @@ def _integer_array(values, name: str) -> np.ndarray:
         raise ValueError(f"{name} must fit in int64, got {int(array.max())}")
     return np.ascontiguousarray(array, dtype=np.int64)
 
+
 # Each table's state slots: its data address and its length (None: fixed).
 _TABLE_SLOTS = {
     "_chunks": (L.S_CHUNKS_ADDR, L.S_CHUNK_ROWS),
@@ -200,8 +201,9 @@ class TableStore:
             "this batch", ptr=0, kind="unknown")
 
     def _open_lease(self) -> None:
-        """Before a batch kernel call: let the kernel make new regions itself
-        where it can (the caching policy: an address lease), or nothing."""
+        """Before a batch kernel call: let the kernel place new backend memory
+        itself where it can (an address lease: the caching and compact
+        policies), or nothing."""
 
     def _close_lease(self) -> None:
         """After a batch kernel call: record what ``_open_lease`` let it make."""
