@@ -99,7 +99,7 @@ class CachingAllocator(TableStore, CachingBase):
         st[C.C_EXPANDABLE] = int(self.expandable_segments)
         st[C.C_DIVISIONS:C.C_DIVISIONS + C.ROUNDUP_INTERVALS] = self.roundup_power2_divisions
         self._stats = st[C.C_STATS:C.C_LEASE_ON].reshape(C.NUM_STATS, 3, 4)
-        self._lease = None  # the backend's address lease the state slots hold
+        self._lease_inputs = None  # what _open_lease last wrote into the state
 
     # Fast paths: one kernel call each, lock-free first (kernels.guard), then
     # under the lock; everything unusual goes to CachingBase.
@@ -143,11 +143,12 @@ class CachingAllocator(TableStore, CachingBase):
         if lease is None:
             return
         st = self._state
-        if lease is not self._lease:  # else the slots still hold it
-            self._lease = lease
+        limit = MAX_INT64 if self.memory_limit is None else min(self.memory_limit, MAX_INT64)
+        inputs = (lease, limit)
+        if inputs != self._lease_inputs:  # else the slots still hold them
+            self._lease_inputs = inputs
             st[C.C_LEASE:C.C_LEASE_LOG] = lease
-        st[C.C_LEASE_LIMIT] = (MAX_INT64 if self.memory_limit is None
-                               else min(self.memory_limit, MAX_INT64))
+            st[C.C_LEASE_LIMIT] = limit
         st[C.C_LEASE_ON] = 1
 
     def _close_lease(self) -> None:
@@ -162,7 +163,7 @@ class CachingAllocator(TableStore, CachingBase):
                                         self._regions["size"][rows].tolist())
             self._events["num_device_alloc"] += made
             st[C.C_LEASE_SEGMENTS] = 0
-            self._lease = None  # the slots moved on from it: take the next one afresh
+            self._lease_inputs = None  # the slots moved on: write them afresh
 
     def _batch_alignment(self, alignment: int) -> int:
         return self._check_alignment(alignment)

@@ -101,8 +101,7 @@ class VirtualSubAllocator(SubAllocator):
         """Where ``alloc`` would place the next regions (see ``SubAllocator``);
         None when failures are being injected, or a subclass places them (it
         overrides ``alloc`` or ``_alloc``).
-        The same object while nothing it depends on changed (one ``alloc`` is
-        enough), so a caller can tell that its copy is current."""
+        Computed again only when something it depends on has changed."""
         key = (self._top, self.bytes_held, self.capacity, self.granularity, self.contiguous,
                self.fail_if, self._fail_next)
         if key != self._lease_key:
