@@ -180,3 +180,24 @@ def test_a_lease_is_taken_afresh_after_a_failure_gave_segments_back():
     assert _replay_outcome(trace, a, "kernel") == _replay_outcome(trace, ref, "python")
     assert _observe(a) == _observe(ref)
     assert a.backend.mapped_ranges() == ref.backend.mapped_ranges()
+
+
+def test_single_calls_past_the_first_region_table_match_the_reference():
+    """More segments than the region table starts with (it doubles), made and
+    given back by single calls."""
+    n = 150  # > 2 x the 64 rows new tables have
+    a = CachingAllocator(VirtualSubAllocator())
+    ref = ReferenceCachingAllocator(VirtualSubAllocator())
+    rows = a.tables["regions"].shape[0]
+    sizes = [(i % 5 + 1) * 11 * MiB for i in range(n)]  # one large segment each
+    ptrs = [a.allocate_raw(s) for s in sizes]
+    assert ptrs == [ref.allocate_raw(s) for s in sizes]
+    assert a.tables["regions"].shape[0] >= 2 * rows
+    for p in ptrs[::2]:
+        a.deallocate_raw(p)
+        ref.deallocate_raw(p)
+    a.empty_cache()
+    ref.empty_cache()
+    assert _observe(a) == _observe(ref)
+    assert a.backend.mapped_ranges() == ref.backend.mapped_ranges()
+    check_invariants(a)

@@ -6,10 +6,10 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numba_bfc import BFCAllocator, CachingAllocator
+from numba_bfc import BFCAllocator, CachingAllocator, OutOfMemoryError
 from numba_bfc.adaptors import LoggingAllocator
 from numba_bfc.backends import VirtualSubAllocator
 from numba_bfc.cli.replay import main as replay_main
@@ -295,6 +295,66 @@ def test_limit_ooms_are_counted_and_skipped(policy):
     assert stop.events == 3 and stop.ooms == 1
     python = replay(t, make_allocator(policy, 32 * MIB), engine="python")
     assert python.ooms == 1 and python.addresses.tolist() == r.addresses.tolist()
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
+@settings(max_examples=40, deadline=None)
+@given(t=traces(max_events=150, max_size=12 * MIB), limit_mib=st.integers(6, 40))
+def test_failures_the_kernel_makes_leave_what_single_calls_leave(policy, t, limit_mib):
+    """Past a replay's first failure, the caching and compact kernels fail
+    allocations themselves where the slow path would change only counters
+    (``FAILED_HERE``): the same failures, addresses, counters and tables as one
+    API call per event."""
+    fast_allocator, slow_allocator = (make_allocator(policy, limit_mib * MIB) for _ in range(2))
+    fast = replay(t, fast_allocator, series_points=len(t))
+    slow = replay(t, slow_allocator, engine="python", series_points=len(t))
+    assert (fast.ooms, fast.first_oom) == (slow.ooms, slow.first_oom)
+    assert fast.addresses.tolist() == slow.addresses.tolist()
+    assert np.array_equal(fast.series, slow.series)
+    assert (fast.backend_allocs, fast.backend_frees) == (slow.backend_allocs, slow.backend_frees)
+    assert fast_allocator.get_stats() == slow_allocator.get_stats()
+    if policy == "caching":
+        assert fast_allocator.memory_stats() == slow_allocator.memory_stats()
+    for name, table in fast_allocator.tables.items():
+        if name != "state":  # which holds the tables' addresses
+            assert table.tobytes() == slow_allocator.tables[name].tobytes(), name
+    # And the next single call fails or succeeds alike.
+    outcomes = []
+    for a in (fast_allocator, slow_allocator):
+        try:
+            outcomes.append(a.allocate_raw(limit_mib * MIB // 2))
+        except OutOfMemoryError as e:
+            outcomes.append(e.reason)
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("policy", ["caching", "compact"])
+def test_a_replay_builds_no_error_for_failures_the_kernel_makes(policy):
+    n = 300
+    t = Trace.from_arrays([0] * n + [1] * n, list(range(n)) * 2, [MIB] * n + [0] * n)
+    allocator = make_allocator(policy, 32 * MIB)
+    built = []
+    out_of_memory = allocator._out_of_memory
+    allocator._out_of_memory = lambda *args: built.append(args) or out_of_memory(*args)
+    r = replay(t, allocator)
+    assert r.ooms > 250 and len(built) == 1  # the first failure's error only
+    assert r.first_oom.size == MIB
+    if policy == "caching":
+        stats = allocator.memory_stats()
+        assert stats["num_ooms"] == stats["num_alloc_retries"] == r.ooms
+
+
+@pytest.mark.parametrize("policy", ["caching", "compact"])
+def test_after_failures_a_request_that_fits_exactly_is_served(policy):
+    # 20 MiB live in 32 MiB: two more 20 MiB fail, 12 MiB fits to the byte,
+    # then nothing fits until a free.
+    t = Trace.from_arrays([0, 0, 0, 0, 0, 1, 0], [0, 1, 2, 3, 4, 0, 5],
+                          [20 * MIB, 20 * MIB, 20 * MIB, 12 * MIB, 256, 0, 20 * MIB])
+    fast = replay(t, make_allocator(policy, 32 * MIB))
+    slow = replay(t, make_allocator(policy, 32 * MIB), engine="python")
+    assert fast.addresses.tolist() == slow.addresses.tolist()
+    assert fast.ooms == slow.ooms == 3
+    assert [bool(a) for a in fast.addresses] == [True, False, False, True, False, False, True]
 
 
 def test_replay_result_metrics_and_offline():

@@ -200,13 +200,17 @@ class TableStore:
             f"{self._name}: batch operation {i} frees id {int(ids[i])}, which is not live in "
             "this batch", ptr=0, kind="unknown")
 
-    def _open_lease(self) -> None:
+    def _open_lease(self, fail_quietly: bool = False) -> None:
         """Before a batch kernel call: let the kernel place new backend memory
         itself where it can (an address lease: the caching and compact
-        policies), or nothing."""
+        policies), or nothing. With ``fail_quietly``, the kernel may also fail
+        an allocation itself (``FAILED_HERE``) where the slow path would fail
+        it with nothing changed but counters."""
 
-    def _close_lease(self) -> None:
-        """After a batch kernel call: record what ``_open_lease`` let it make."""
+    def _close_lease(self) -> int:
+        """After a batch kernel call: record what ``_open_lease`` let it make,
+        and count the failures it made; returns how many."""
+        return 0
 
     def _grow_for(self, n: int, alignment: int) -> bool | None:
         """The slow path's first growth, so that the kernel can serve ``n``
@@ -348,39 +352,45 @@ class TableStore:
 
     def _drive_batch(self, ops, ids, sizes, alignment, id_ptr, out, start, stop,
                      series=_NO_SERIES, stride=0, on_oom=None, labels=None,
-                     brief_after_first: bool = False) -> None:
+                     brief_after_first: bool = False, count_failures=None) -> None:
         """Run operations ``start..stop-1`` in the batch kernel, serving what it
         cannot alone (growing tables, extending the pool). An allocation that
         fails raises ``OutOfMemoryError``, or with ``on_oom`` is reported to
         ``on_oom(index, error)`` and skipped (its id marked ``FAILED``); with
         ``brief_after_first``, the errors after the first carry the request
         and the reason only (no stats, message or report to build: a replay
-        that counts failures). ``labels``: the ids to name in errors, if
-        ``ids`` renumbers them. The caller holds the lock."""
+        that counts failures). With both, ``count_failures(k)`` may be told
+        of ``k`` more failures after the first, failed in the kernel itself
+        where the slow path would change nothing but counters (their ids
+        marked ``FAILED``, no error built). ``labels``: the ids to name in
+        errors, if ``ids`` renumbers them. The caller holds the lock."""
         if getattr(self, "_timestamps_used", False):
             # Timed frees and their merging happen per call; keep single-call semantics.
             return self._drive_single(ops, ids, sizes, alignment, id_ptr, out, start, stop,
                                       series, stride, on_oom, labels)
         try:
             self._drive_kernel(ops, ids, sizes, alignment, id_ptr, out, start, stop, series,
-                               stride, on_oom, labels, brief_after_first)
+                               stride, on_oom, labels, brief_after_first, count_failures)
         finally:
             self._brief_oom = False
 
     def _drive_kernel(self, ops, ids, sizes, alignment, id_ptr, out, start, stop, series,
-                      stride, on_oom, labels, brief_after_first) -> None:
+                      stride, on_oom, labels, brief_after_first, count_failures) -> None:
         i = start
         in_use = self._IN_USE_SLOT
         max_request = self._largest_request()
         grown_at = -1
         while True:
-            self._open_lease()
+            # Past the first failure, those with nothing to report are the kernel's.
+            self._open_lease(count_failures is not None and self._brief_oom)
             try:
                 i, code = self._RUN_BATCH.call(self._state, ops, ids, sizes, alignment,
                                                max_request, id_ptr, out, i, stop, series,
                                                stride, in_use)
             finally:
-                self._close_lease()
+                failed = self._close_lease()
+            if failed:
+                count_failures(failed)
             if code == 0:
                 return
             if code == L.NEED_ROWS:

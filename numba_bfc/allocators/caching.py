@@ -9,6 +9,7 @@ from ..kernels import layout as L
 from ..policies import caching as C
 from ..policies.batch import run_batch_caching
 from ._fastcall import Kernel
+from ._options import UNLIMITED
 from ._tables import LARGEST_FREE_CHUNK, TableStore
 from .caching_base import FREE_BLOCK_DTYPE, ONE_EIB, CachingBase
 
@@ -134,7 +135,7 @@ class CachingAllocator(TableStore, CachingBase):
                 self._free(ptr)  # not live: the base class names the problem
 
     # ------------------------------------------------------------------ table store
-    def _open_lease(self) -> None:
+    def _open_lease(self, fail_quietly: bool = False) -> None:
         # Only where the slow path's first step would be the backend call the
         # kernel makes instead (caching_base._malloc_slow_held).
         if self._history is not None or self._gc_enabled or self.expandable_segments:
@@ -144,17 +145,20 @@ class CachingAllocator(TableStore, CachingBase):
             return
         st = self._state
         limit = MAX_INT64 if self.memory_limit is None else min(self.memory_limit, MAX_INT64)
-        inputs = (lease, limit)
+        # With a max_split_size, the slow path may release oversize blocks first.
+        quietly = fail_quietly and self.max_split_size == UNLIMITED
+        inputs = (lease, limit, quietly)
         if inputs != self._lease_inputs:  # else the slots still hold them
             self._lease_inputs = inputs
             st[C.C_LEASE:C.C_LEASE_LOG] = lease
             st[C.C_LEASE_LIMIT] = limit
+            st[C.C_FAIL_QUIETLY] = quietly
         st[C.C_LEASE_ON] = 1
 
-    def _close_lease(self) -> None:
+    def _close_lease(self) -> int:
         st = self._state
         if not st[C.C_LEASE_ON]:
-            return
+            return 0
         st[C.C_LEASE_ON] = 0
         made = int(st[C.C_LEASE_SEGMENTS])
         if made:
@@ -164,6 +168,16 @@ class CachingAllocator(TableStore, CachingBase):
             self._events["num_device_alloc"] += made
             st[C.C_LEASE_SEGMENTS] = 0
             self._lease_inputs = None  # the slots moved on: write them afresh
+        failed = int(st[C.C_FAILED_HERE])
+        if failed:
+            # What _malloc_slow_held counts on each: a retry after releasing
+            # the cache (a sync of every stream), and the failure.
+            st[C.C_FAILED_HERE] = 0
+            events = self._events
+            events["num_alloc_retries"] += failed
+            events["num_sync_all_streams"] += failed
+            events["num_ooms"] += failed
+        return failed
 
     def _batch_alignment(self, alignment: int) -> int:
         return self._check_alignment(alignment)
@@ -210,11 +224,11 @@ class CachingAllocator(TableStore, CachingBase):
         # Far cheaper than _free_blocks on a big chunk table: a kernel finds
         # the free regions, and only those rows are sorted.
         rows = self._free_region_rows()
-        if not rows.size:
-            return []
+        if self.expandable_segments:
+            rows = rows[self._regions["page"][rows] == 0]
+        if rows.shape[0] <= 1:  # the usual case: nothing to order
+            return rows.tolist()
         regions = self._regions[rows]
-        keep = regions["page"] == 0
-        rows, regions = rows[keep], regions[keep]
         # LARGE_POOL (1) before SMALL_POOL (0), then (size, address).
         return rows[np.lexsort((regions["base"], regions["size"], -regions["bin"]))].tolist()
 

@@ -17,6 +17,8 @@ from ..policies.batch import run_batch_compact
 from ..policies.compact import (
     COMPACT_STATE_SIZE,
     NUM_SPACES,
+    S_FAIL_QUIETLY,
+    S_FAILED_HERE,
     S_LEASE_LIMIT,
     S_LEASE_LOG,
     S_LEASE_ON,
@@ -141,7 +143,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         self._state[S_RELEASE_THRESHOLD] = self.release_threshold
         self._state[S_SMALL_SIZE] = self.small_size
 
-    def _open_lease(self) -> None:
+    def _open_lease(self, fail_quietly: bool = False) -> None:
         # Only where _grow_for's growth is the kernel's: a space that remaps,
         # with no holes (compact_base._extend, _grow_in_place).
         if self._timestamps_used or self._punched:
@@ -152,9 +154,10 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         if leases == (None, None):
             return
         st = self._state
-        inputs = (leases, self._hulls[0], self._hulls[1], self.memory_limit)
+        inputs = (leases, self._hulls[0], self._hulls[1], self.memory_limit, fail_quietly)
         if inputs != self._lease_inputs:  # else the slots still hold them
             self._lease_inputs = inputs
+            st[S_FAIL_QUIETLY] = fail_quietly
             # The slots S_LEASE_LIMIT .. S_LEASE_PIECES - 1, in order, at once.
             slots = [self.memory_limit, *self._quanta]
             for lo, hi in self._hulls:
@@ -165,14 +168,18 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
             st[S_LEASE_LIMIT:S_LEASE_PIECES] = slots
         st[S_LEASE_ON] = 1
 
-    def _close_lease(self) -> None:
+    def _close_lease(self) -> int:
         st = self._state
         if not st[S_LEASE_ON]:
-            return
+            return 0
         st[S_LEASE_ON] = 0
+        failed = int(st[S_FAILED_HERE])
+        if failed:
+            st[S_FAILED_HERE] = 0
+            self._backend_refused = False  # as _grow_for leaves it on each
         made = int(st[S_LEASE_PIECES])
         if not made:
-            return
+            return failed
         st[S_LEASE_PIECES] = 0
         self._lease_inputs = None  # the slots moved on: write them afresh
         log = st[S_LEASE_LOG:S_LEASE_LOG + 3 * made].reshape(made, 3).tolist()
@@ -185,6 +192,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
             lo, hi = self._hulls[space]
             top, top_size = pieces[-1]  # in address order
             self._hulls[space] = (min(lo, pieces[0][0]), max(hi, top + top_size))
+        return failed
 
     def _row(self, base: int) -> int:
         live = np.flatnonzero((self._regions["size"] > 0) & (self._regions["base"] == base))

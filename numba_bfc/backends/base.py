@@ -177,11 +177,16 @@ class _RangeMap:
     @property
     def ranges(self) -> SortedDict:
         """The map, with the ranges ``add_later`` gave folded in."""
+        ranges = self._ranges
         if self._pending:
             pending, self._pending = self._pending, []
             for starts, ends in pending:
-                self._ranges.update(zip(starts, ends))
-        return self._ranges
+                if len(starts) < 8:  # update() would sort the whole map again
+                    for start, end in zip(starts, ends):
+                        ranges[start] = end
+                else:
+                    ranges.update(zip(starts, ends))
+        return ranges
 
     def add_later(self, starts: Sequence[int], ends: Sequence[int]) -> None:
         """``add`` each range, when the map is next read (a batch of regions
@@ -190,11 +195,13 @@ class _RangeMap:
 
     def top(self, default: int) -> int:
         """Where the highest mapped range ends (``default`` if none)."""
-        return self.ranges.peekitem(-1)[1] if self.ranges else default
+        ranges = self.ranges
+        return ranges.peekitem(-1)[1] if ranges else default
 
     def overlaps(self, ptr: int, end: int) -> bool:
-        i = self.ranges.bisect_left(end) - 1
-        return i >= 0 and self.ranges.peekitem(i)[1] > ptr
+        ranges = self.ranges
+        i = ranges.bisect_left(end) - 1
+        return i >= 0 and ranges.peekitem(i)[1] > ptr
 
     def add(self, ptr: int, end: int) -> None:
         self.ranges[ptr] = end
@@ -231,14 +238,15 @@ class _RangeMap:
                 if stop > end:
                     self.ranges[end] = stop
             return
+        ranges = self.ranges
         pos, run = ptr, []
         while pos < end:
-            if pos not in self.ranges:
+            if pos not in ranges:
                 raise ValueError(
                     f"free({ptr:#x}, {end - ptr}): {pos:#x} is not the start of a mapped range")
             run.append(pos)
-            pos = self.ranges[pos]
+            pos = ranges[pos]
         if pos != end:
             raise ValueError(f"free({ptr:#x}, {end - ptr}): size does not match mapped ranges")
         for start in run:
-            del self.ranges[start]
+            del ranges[start]

@@ -89,6 +89,11 @@ REGION_DTYPE = np.dtype(
 )
 
 NO_HANDLE = -1
+
+# An unused region row.
+_EMPTY_REGION = np.zeros((), dtype=REGION_DTYPE)
+for _field in ("first", "last", "bin"):
+    _EMPTY_REGION[_field] = NO_HANDLE
 #: ``allocation_id`` of a chunk of address space with no memory behind it (a
 #: caching-policy expandable segment's unmapped block): neither free nor in use.
 UNMAPPED = -2
@@ -130,6 +135,10 @@ NOT_FOUND = -2  # no free chunk fits: the façade extends the pool or fails
 INVALID_POINTER = -3  # not a live allocation
 TABLES_BUSY = -5  # a lock-free call stepped aside: the façade retries under its lock
 GREW_NOT_FOUND = -7  # grown by the kernel under an address lease, and still no fit
+#: The allocation fails, and the kernel failed it itself: under a lease that
+#: allows it (a replay's failures after its first), where the façade's slow
+#: path would change nothing but counters, which the kernel counts instead.
+FAILED_HERE = -8
 
 # Rows every mutating kernel may consume in one call (padding split,
 # remainder split, one new region chunk); checked before anything changes.
@@ -137,17 +146,14 @@ ROWS_PER_OPERATION = 3
 
 
 def new_tables(num_bins: int, min_allocation: int, chunk_rows: int = 1024,
-               map_slots: int = 2048, region_rows: int = 16, queue_slots: int = 64,
+               map_slots: int = 2048, region_rows: int = 64, queue_slots: int = 64,
                state_size: int = STATE_SIZE):
     """Fresh, empty tables: ``(chunks, bins, regions, pmap, state, tsq)``."""
     chunks = np.zeros(chunk_rows, dtype=CHUNK_DTYPE)
     bins = np.zeros(num_bins, dtype=BIN_DTYPE)
     bins["root"] = NO_HANDLE
     bins["bin_size"] = min_allocation << np.arange(num_bins, dtype=np.int64)
-    regions = np.zeros(region_rows, dtype=REGION_DTYPE)
-    regions["first"] = NO_HANDLE
-    regions["last"] = NO_HANDLE
-    regions["bin"] = NO_HANDLE
+    regions = np.full(region_rows, _EMPTY_REGION, dtype=REGION_DTYPE)
     pmap = np.zeros((map_slots, 2), dtype=np.int64)
     state = np.zeros(max(state_size, STATE_SIZE), dtype=np.int64)
     state[S_NEXT_ALLOCATION_ID] = 1
@@ -184,11 +190,9 @@ def grow_chunks(chunks: np.ndarray, state: np.ndarray) -> np.ndarray:
 def grow_regions(regions: np.ndarray) -> np.ndarray:
     """Double the region table."""
     old = regions.shape[0]
-    grown = np.zeros(2 * old, dtype=REGION_DTYPE)
+    grown = np.empty(2 * old, dtype=REGION_DTYPE)
     grown[:old] = regions
-    grown["first"][old:] = NO_HANDLE
-    grown["last"][old:] = NO_HANDLE
-    grown["bin"][old:] = NO_HANDLE
+    grown[old:] = _EMPTY_REGION  # one assignment, not one per field
     return grown
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..kernels.guard import table_views
 from ..kernels.jit import inner, njit, operation
-from ..kernels.layout import INVALID_POINTER, S_POOL_BYTES
+from ..kernels.layout import FAILED_HERE, INVALID_POINTER, S_POOL_BYTES
 from .bfc import UNTAGGED, bfc_allocate, bfc_deallocate
 from .caching import caching_allocate, caching_deallocate
 from .compact import S_RELEASE_DUE, compact_allocate, compact_deallocate
@@ -50,7 +50,8 @@ def run_batch(allocate, deallocate, releases, state, ops, ids, sizes, alignment,
     ``ops[i]`` is 0 (allocate ``sizes[i]`` bytes for id ``ids[i]``) or 1 (free
     id ``ids[i]``); ``id_ptr`` maps ids to live addresses (-1: not live, 0: a
     zero-byte allocation) and ``out[i]`` receives the address each allocation
-    got. Stops at the first operation the kernel cannot finish alone and
+    got (0 for one that failed: ``FAILED_HERE`` from ``allocate``, which
+    marks its id ``FAILED``). Stops at the first operation the kernel cannot finish alone and
     returns ``(index, code)``: ``NEED_ROWS`` or ``NOT_FOUND`` (the façade grows
     or extends and resumes at ``index``), ``INVALID_POINTER``, ``TOO_LARGE``
     (above ``max_request`` bytes: no kernel arithmetic sees it), or (when
@@ -73,10 +74,12 @@ def run_batch(allocate, deallocate, releases, state, ops, ids, sizes, alignment,
                 if sizes[i] > max_request:
                     return i, TOO_LARGE
                 p = allocate(chunks, bins, regions, pmap, state, sizes[i], alignment)
-                if p < 0:
+                if p == FAILED_HERE:
+                    p = FAILED  # counted, and skipped as the façade skips a failure
+                elif p < 0:
                     return i, p
             id_ptr[ids[i]] = p
-            out[i] = p
+            out[i] = max(p, 0)
         else:
             p = id_ptr[ids[i]]
             out[i] = 0

@@ -26,6 +26,7 @@ from ..kernels.chunks import (
     insert_free,
     merge_chunks,
     open_region,
+    region_in_use,
     release_row,
     remove_free,
     remove_region,
@@ -37,6 +38,7 @@ from ..kernels.chunks import (
 from ..kernels.guard import may_proceed, table_views
 from ..kernels.jit import helper, inner, njit, operation
 from ..kernels.layout import (
+    FAILED_HERE,
     INVALID_POINTER,
     NEED_ROWS,
     NO_HANDLE,
@@ -110,7 +112,12 @@ LEASE_LOG_SIZE = 64  # a full log asks for NEED_ROWS: the façade records, then 
 # NumPy scalars, not Python literals: the lease kernels compile once for both policies.
 _LEASE_AT = np.int64(C_LEASE)
 _SEGMENT_ALIGNMENT = np.int64(MIN_BLOCK_SIZE)
-CACHING_STATE_SIZE = C_LEASE_LOG + LEASE_LOG_SIZE
+# Under the lease, the façade may also let the kernel fail an allocation
+# itself where its slow path would fail it with only counters changed
+# (``fails_for_certain``): a replay's failures after its first.
+C_FAIL_QUIETLY = C_LEASE_LOG + LEASE_LOG_SIZE  # 1 while allowed
+C_FAILED_HERE = C_FAIL_QUIETLY + 1  # how many the kernel failed (the façade counts them)
+CACHING_STATE_SIZE = C_FAILED_HERE + 1
 
 
 @njit(cache=True, inline="always")
@@ -299,7 +306,9 @@ def caching_allocate(chunks, bins, regions, pmap, state, requested):
     address lease from a new segment (``lease_segment``).
 
     Returns the address, ``NOT_FOUND`` (the façade allocates a segment) or
-    ``NEED_ROWS``; on either code no block has changed.
+    ``NEED_ROWS``; on either code no block has changed. Where the façade
+    allows it, ``FAILED_HERE``: a failure that changes nothing but counters,
+    counted in ``state[C_FAILED_HERE]``.
     """
     if not room_for_operation(pmap, state):
         return NEED_ROWS
@@ -309,6 +318,9 @@ def caching_allocate(chunks, bins, regions, pmap, state, requested):
     if h == NO_HANDLE:
         if state[C_LEASE_ON] == 0:
             return NOT_FOUND
+        if state[C_FAIL_QUIETLY] != 0 and fails_for_certain(chunks, regions, state, size):
+            state[C_FAILED_HERE] += 1
+            return FAILED_HERE
         r = lease_segment(chunks, bins, regions, state, size, pool)
         if r < 0:
             return r
@@ -333,7 +345,7 @@ def lease_segment(chunks, bins, regions, state, size, pool):
     if state[C_LEASE_SEGMENTS] == LEASE_LOG_SIZE:
         return NEED_ROWS
     alloc_size = allocation_size(size)
-    if alloc_size > state[C_LEASE_LIMIT] - state[C_STATS + RESERVED_BYTES * 12]:
+    if over_lease_limit(state, alloc_size):
         return NOT_FOUND
     ptr, received = lease_next(state, _LEASE_AT, alloc_size, _SEGMENT_ALIGNMENT)
     if ptr < 0 or received % MIN_BLOCK_SIZE != 0:
@@ -345,6 +357,31 @@ def lease_segment(chunks, bins, regions, state, size, pool):
     state[C_LEASE_LOG + state[C_LEASE_SEGMENTS]] = r
     state[C_LEASE_SEGMENTS] += 1
     return r
+
+
+@njit(cache=True, inline="always")
+def over_lease_limit(state, alloc_size):
+    """True if a new segment of ``alloc_size`` bytes would take the reserved
+    bytes past the lease's limit (``_alloc_block``'s check)."""
+    return alloc_size > state[C_LEASE_LIMIT] - state[C_STATS + RESERVED_BYTES * 12]
+
+
+@inner
+def fails_for_certain(chunks, regions, state, size):
+    """True if the façade's slow path (``CachingBase._malloc_slow_held``) would
+    fail a ``size``-byte block and change nothing but its counters: a new
+    segment is over the limit, and PyTorch's release of cached segments
+    finds none wholly free, so its retry is over the limit too. The façade
+    allows this only where its slow path has no other step (the lease's
+    conditions, and no ``max_split_size``)."""
+    if not over_lease_limit(state, allocation_size(size)):
+        return False
+    if state[C_STATS + ALLOCATED_BYTES * 12] == state[C_STATS + RESERVED_BYTES * 12]:
+        return True  # nothing is cached
+    for r in range(regions.shape[0]):
+        if regions[r]["size"] > 0 and not region_in_use(chunks, regions, r):
+            return False
+    return True
 
 
 @inner

@@ -26,10 +26,12 @@ from ..kernels.chunks import JOIN_REGIONS, add_region, free_tail_start, round_up
 from ..kernels.guard import may_proceed, table_views
 from ..kernels.jit import inner, njit, operation
 from ..kernels.layout import (
+    FAILED_HERE,
     GREW_NOT_FOUND,
     NO_HANDLE,
     NOT_FOUND,
     ROWS_PER_OPERATION,
+    S_BYTES_IN_USE,
     S_FREE_ROWS,
     S_MIN_ALLOCATION,
     S_NUM_REGIONS,
@@ -54,7 +56,12 @@ S_LEASES = STATE_SIZE + 12  # + LEASE_SLOTS * space: the space's lease (room -1:
 S_LEASE_PIECES = S_LEASES + 2 * LEASE_SLOTS  # pieces placed under the leases...
 S_LEASE_LOG = S_LEASE_PIECES + 1  # ...(space, address, size) each, in the order placed
 LEASE_LOG_PIECES = 32
-COMPACT_STATE_SIZE = S_LEASE_LOG + 3 * LEASE_LOG_PIECES
+# Under the leases, the façade may also let the kernel fail an allocation
+# itself where its slow path would fail it with nothing changed (a replay's
+# failures after its first; ``compact_allocate``).
+S_FAIL_QUIETLY = S_LEASE_LOG + 3 * LEASE_LOG_PIECES  # 1 while allowed
+S_FAILED_HERE = S_FAIL_QUIETLY + 1  # how many the kernel failed (the façade counts them)
+COMPACT_STATE_SIZE = S_FAILED_HERE + 1
 
 LARGE_SPACE = 0  # the bin (and region ``bin``) of each space
 SMALL_SPACE = 1
@@ -79,7 +86,10 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
     """Serve ``num_bytes`` (> 0) by best fit in its space.
 
     Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
-    nothing has changed.
+    nothing has changed. Where the façade allows it, ``FAILED_HERE``, counted
+    in ``state[S_FAILED_HERE]``: not even every free byte given back would
+    make room, so the façade's growth and its release pass would fail with
+    nothing changed (``CompactGrowth._extend``, ``_release_free_regions``).
     """
     quantum = state[S_MIN_ALLOCATION]
     rounded = round_up(num_bytes, quantum)
@@ -89,6 +99,10 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
                            freed_before, space, space + 1)
     if p != NOT_FOUND or state[S_LEASE_ON] == 0:
         return p
+    if (state[S_FAIL_QUIETLY] != 0 and state[S_RELEASE_DUE] == 0
+            and rounded > state[S_LEASE_LIMIT] - state[S_BYTES_IN_USE]):
+        state[S_FAILED_HERE] += 1
+        return FAILED_HERE
     if not lease_growth(chunks, bins, regions, state, space, rounded + alignment - quantum):
         return NOT_FOUND
     p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, alignment,

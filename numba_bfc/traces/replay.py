@@ -387,6 +387,10 @@ class _Failures:
         if self._stop:
             raise _StopReplay
 
+    def add(self, count: int) -> None:
+        """Count failures after the first that the batch kernel made itself."""
+        self.count += count
+
 
 def _replay_kernel(allocator, ops, slots, sizes, alignment, ptrs, addresses, usage, stride,
                    on_oom, progress) -> int:
@@ -397,7 +401,8 @@ def _replay_kernel(allocator, ops, slots, sizes, alignment, ptrs, addresses, usa
             stop = min(n, start + _CHUNK_EVENTS)
             # Only the first failure's message is kept: later ones brief.
             allocator._drive_batch(ops, slots, sizes, alignment, ptrs, addresses, start, stop,
-                                   usage, stride, on_oom, brief_after_first=True)
+                                   usage, stride, on_oom, brief_after_first=True,
+                                   count_failures=on_oom.add)
             if progress is not None:
                 progress(stop, n)
     return n
