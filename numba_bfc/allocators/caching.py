@@ -30,6 +30,9 @@ _RELEASE_EXPANDABLE = Kernel(C.caching_release_expandable_op)
 _TAKE_BLOCK = Kernel(C.caching_take_block_op)
 
 
+_RESERVED_SLOT = C.C_STATS + C.RESERVED_BYTES * 12  # reserved_bytes.all.current
+
+
 class _Grown(int):
     """A free block handle that ``_try_allocate_expandable`` grew (not a region row)."""
 
@@ -247,6 +250,10 @@ class CachingAllocator(TableStore, CachingBase):
 
     def _stat_array(self) -> np.ndarray:
         return self._stats
+
+    def _usage(self) -> tuple[int, int]:
+        st = self._state  # .item(): no 3-D indexing, no NumPy scalar in between
+        return st.item(self._IN_USE_SLOT), st.item(_RESERVED_SLOT)
 
     def _largest_alloc(self) -> int:
         return int(self._state[L.S_LARGEST_ALLOC_SIZE])

@@ -16,6 +16,7 @@ from ..kernels.operations import (
 from ..policies.batch import run_batch_compact
 from ..policies.compact import (
     COMPACT_STATE_SIZE,
+    NUM_COMPACT_BINS,
     NUM_SPACES,
     S_FAIL_QUIETLY,
     S_FAILED_HERE,
@@ -26,6 +27,7 @@ from ..policies.compact import (
     S_RELEASE_DUE,
     S_RELEASE_THRESHOLD,
     S_SMALL_SIZE,
+    SPACE_BINS,
     compact_allocate_op,
     compact_deallocate_op,
     top_region_tail_op,
@@ -102,7 +104,8 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
 
     _RUN_BATCH = Kernel(run_batch_compact)
     _STATE_SIZE = COMPACT_STATE_SIZE
-    _NUM_BINS = NUM_SPACES
+    _NUM_BINS = NUM_COMPACT_BINS
+    _SPACE_BINS = SPACE_BINS
     _POOL_NAMES_BLOCKS = False
     _ALLOCATE = Kernel(compact_allocate_op)
     _DEALLOCATE = Kernel(compact_deallocate_op)
@@ -139,6 +142,8 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     _lease_inputs = None  # what _open_lease last wrote into the state
 
     def _configure_compact(self) -> None:
+        self._state[L.S_SPACE_BINS] = SPACE_BINS
+        self._bins["bin_size"] = np.tile(MIN_ALLOCATION << np.arange(SPACE_BINS), NUM_SPACES)
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
         self._state[S_RELEASE_THRESHOLD] = self.release_threshold
         self._state[S_SMALL_SIZE] = self.small_size

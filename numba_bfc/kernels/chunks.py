@@ -8,6 +8,10 @@ decide which chunk to use and when to split. Names follow TF's BFC allocator
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
 
 from .jit import helper, inner, njit
 from .layout import (
@@ -22,6 +26,7 @@ from .layout import (
     S_NUM_REGIONS,
     S_PEAK_POOL_BYTES,
     S_POOL_BYTES,
+    S_SPACE_BINS,
     S_TSQ_COUNT,
     S_TSQ_HEAD,
 )
@@ -41,15 +46,24 @@ def round_up(n, quantum):
     return ((n + quantum - 1) // quantum) * quantum
 
 
+@intrinsic
+def _floor_log2(typingctx, v):
+    """``floor(log2(v))`` of an int64 ``v`` > 0, in one instruction (``ctlz``),
+    as TF's ``Log2FloorNonZero``."""
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        ctlz = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(i64, [i64, ir.IntType(1)]), "llvm.ctlz.i64")
+        zeros = builder.call(ctlz, [args[0], ir.Constant(ir.IntType(1), 1)])
+        return builder.sub(ir.Constant(i64, 63), zeros)
+
+    return types.int64(types.int64), codegen
+
+
 @helper
 def bin_for_size(n, min_allocation, num_bins):
     """TF's ``BinNumForSize``: ``min(num_bins-1, floor(log2(max(n, min) / min)))``."""
-    v = max(n, min_allocation) // min_allocation
-    b = 0
-    while v > 1 and b < num_bins - 1:
-        v >>= 1
-        b += 1
-    return b
+    return min(num_bins - 1, _floor_log2(max(n, min_allocation) // min_allocation))
 
 
 @njit(cache=True, inline="always")
@@ -94,10 +108,14 @@ def release_row(chunks, state, h):
 
 @helper
 def insert_free(chunks, bins, regions, state, h):
-    """Put free chunk ``h`` into its region's bin, or the bin for its size."""
+    """Put free chunk ``h`` into the bin for its size, or its region's bin, or
+    the bin for its size in its region's space (``S_SPACE_BINS``)."""
     b = regions[chunks[h]["region"]]["bin"]
     if b == NO_HANDLE:
         b = bin_for_size(chunks[h]["size"], state[S_MIN_ALLOCATION], state[S_NUM_BINS])
+    elif state[S_SPACE_BINS] > 0:
+        per_space = state[S_SPACE_BINS]
+        b = b * per_space + bin_for_size(chunks[h]["size"], state[S_MIN_ALLOCATION], per_space)
     chunks[h]["bin"] = b
     tree_insert(chunks, bins, b, h)
 

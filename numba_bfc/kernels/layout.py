@@ -117,6 +117,10 @@ S_NUM_REGIONS = 16
 S_NUM_BINS = 17
 S_TSQ_ADDR = 18  # data address of the timestamped-chunk queue (see S_LOCK_DEPTH)
 S_TSQ_SLOTS = 19
+# 0: a region's fixed bin (if any) is its free chunks' bin (a caching pool).
+# N > 0: it is a space of N size bins (the compact policy's): a free chunk of it
+# goes to bin ``space * N + bin_for_size(size)``.
+S_SPACE_BINS = 20
 # Lock-free calls (``kernels.guard``): the façade's lock depth, and where the
 # current tables are, so a kernel given only ``state`` can see them.
 S_LOCK_DEPTH = 24  # > 0 while a thread holds the façade's lock

@@ -360,6 +360,13 @@ def _check_tables(a) -> None:
     free_live = live[chunks["allocation_id"][live] == -1]
     _require(sorted(in_trees) == sorted(free_live.tolist()),
              "free chunks and bin members differ")
+    per_space = int(st[L.S_SPACE_BINS])
+    if per_space:  # spaces of size bins (the compact policy): the bin for the size
+        for h in free_live.tolist():
+            space = int(regions[chunks[h]["region"]]["bin"])
+            size_bin = bin_of(int(chunks[h]["size"]), int(st[L.S_MIN_ALLOCATION]), per_space)
+            _require(chunks[h]["bin"] == space * per_space + size_bin,
+                     f"free chunk {h} is not in the bin for its size in space {space}")
     # Pointer map: exactly the in-use chunks.
     used = live[chunks["allocation_id"][live] > 0]
     keys = pmap[pmap[:, 0] != 0]
