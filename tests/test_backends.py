@@ -185,3 +185,12 @@ def test_no_address_lease_while_failures_are_injected_or_a_subclass_places():
     assert HostSubAllocator().address_lease() is None
     with pytest.raises(NotImplementedError, match="no address lease"):
         HostSubAllocator().record_leased([1 << 20], [512])
+
+
+def test_record_leased_refuses_an_empty_region():
+    """An empty range would leave the map a walk that never ends (found when a
+    policy recorded a segment it had already given back)."""
+    b = VirtualSubAllocator()
+    with pytest.raises(ValueError, match="sizes must be > 0"):
+        b.record_leased([1 << 40, (1 << 40) + (2 << 20)], [2 << 20, 0])
+    assert b.num_allocs == 0 and b.mapped_ranges() == []

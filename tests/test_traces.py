@@ -315,6 +315,10 @@ def test_failures_the_kernel_makes_leave_what_single_calls_leave(policy, t, limi
     assert fast_allocator.get_stats() == slow_allocator.get_stats()
     if policy == "caching":
         assert fast_allocator.memory_stats() == slow_allocator.memory_stats()
+    fast_backend, slow_backend = fast_allocator.backend, slow_allocator.backend
+    assert fast_backend.mapped_ranges() == slow_backend.mapped_ranges()
+    assert (fast_backend.num_allocs, fast_backend.num_frees, fast_backend.bytes_held) == (
+        slow_backend.num_allocs, slow_backend.num_frees, slow_backend.bytes_held)
     for name, table in fast_allocator.tables.items():
         if name != "state":  # which holds the tables' addresses
             assert table.tobytes() == slow_allocator.tables[name].tobytes(), name
@@ -355,6 +359,34 @@ def test_after_failures_a_request_that_fits_exactly_is_served(policy):
     assert fast.addresses.tolist() == slow.addresses.tolist()
     assert fast.ooms == slow.ooms == 3
     assert [bool(a) for a in fast.addresses] == [True, False, False, True, False, False, True]
+
+
+def test_a_failure_after_releasing_the_cache_is_the_kernels_too():
+    """Past the first failure, one that releases cached segments and still
+    fails (PyTorch's release_cached_blocks, then the retry) happens in the
+    kernel: the segments go back to the backend in PyTorch's order, and the
+    next segment comes from a fresh lease."""
+    MiB = MIB
+    # In 48 MiB: 20 live; 30 fails (the first); a 20 MiB and a 2 MiB segment
+    # come and go (cached); 30 then releases both and still fails; 4 takes a
+    # new segment.
+    ops = [0, 0, 0, 0, 1, 1, 0, 0]
+    ids = [0, 1, 2, 3, 2, 3, 4, 5]
+    sizes = [20 * MiB, 30 * MiB, 4 * MiB, 100_000, 0, 0, 30 * MiB, 4 * MiB]
+    t = Trace.from_arrays(ops, ids, sizes)
+    fast_allocator, slow_allocator = (make_allocator("caching", 48 * MiB) for _ in range(2))
+    slow_paths = []
+    malloc_slow = fast_allocator._malloc_slow
+    fast_allocator._malloc_slow = lambda n: slow_paths.append(n) or malloc_slow(n)
+    fast = replay(t, fast_allocator)
+    slow = replay(t, slow_allocator, engine="python")
+    assert slow_paths == [30 * MiB]  # only the first failure went through the façade
+    assert fast.ooms == slow.ooms == 2
+    assert fast.addresses.tolist() == slow.addresses.tolist() and fast.addresses[7] > 0
+    stats = fast_allocator.memory_stats()
+    assert stats == slow_allocator.memory_stats() and stats["num_device_free"] == 2
+    assert fast_allocator.backend.mapped_ranges() == slow_allocator.backend.mapped_ranges()
+    assert fast_allocator.backend.num_frees == 2
 
 
 def test_replay_result_metrics_and_offline():

@@ -165,9 +165,8 @@ class CachingAllocator(TableStore, CachingBase):
         st[C.C_LEASE_ON] = 0
         made = int(st[C.C_LEASE_SEGMENTS])
         if made:
-            rows = st[C.C_LEASE_LOG:C.C_LEASE_LOG + made]  # in address order
-            self._backend.record_leased(self._regions["base"][rows].tolist(),
-                                        self._regions["size"][rows].tolist())
+            log = st[C.C_LEASE_LOG:C.C_LEASE_LOG + 2 * made].tolist()  # in address order
+            self._backend.record_leased(log[::2], log[1::2])
             self._events["num_device_alloc"] += made
             st[C.C_LEASE_SEGMENTS] = 0
             self._lease_inputs = None  # the slots moved on: write them afresh
@@ -180,6 +179,16 @@ class CachingAllocator(TableStore, CachingBase):
             events["num_alloc_retries"] += failed
             events["num_sync_all_streams"] += failed
             events["num_ooms"] += failed
+        released = int(st[C.C_RELEASED])
+        if released:
+            # After the segments made under the lease: one may be among these.
+            log = st[C.C_RELEASE_LOG:C.C_RELEASE_LOG + 2 * released].tolist()
+            st[C.C_RELEASED] = 0
+            st[L.S_LEASE_SPENT] = 0
+            for base, size in zip(log[::2], log[1::2]):
+                self._backend.free(base, size)
+            self._events["num_device_free"] += released
+            self._lease_inputs = None
         return failed
 
     def _batch_alignment(self, alignment: int) -> int:

@@ -245,6 +245,8 @@ class _RangeMap:
                 raise ValueError(
                     f"free({ptr:#x}, {end - ptr}): {pos:#x} is not the start of a mapped range")
             run.append(pos)
+            if ranges[pos] <= pos:  # an empty range would never end the walk
+                raise ValueError(f"free({ptr:#x}, {end - ptr}): empty mapped range at {pos:#x}")
             pos = ranges[pos]
         if pos != end:
             raise ValueError(f"free({ptr:#x}, {end - ptr}): size does not match mapped ranges")

@@ -123,6 +123,8 @@ class VirtualSubAllocator(SubAllocator):
     def record_leased(self, bases: Sequence[int], sizes: Sequence[int]) -> None:
         if not len(bases):
             return
+        if min(sizes) <= 0:
+            raise ValueError(f"record_leased: sizes must be > 0, got {min(sizes)}")
         ends = [b + s for b, s in zip(bases, sizes)]
         self._mapped.add_later(bases, ends)
         self._top = max(self._top, ends[-1])

@@ -45,6 +45,7 @@ from ..kernels.layout import (
     NOT_FOUND,
     S_FREE_ROWS,
     S_LARGEST_ALLOC_SIZE,
+    S_LEASE_SPENT,
     S_NEXT_ALLOCATION_ID,
     S_NUM_REGIONS,
     S_PEAK_POOL_BYTES,
@@ -107,7 +108,7 @@ C_LEASE_ON = C_STATS + NUM_STATS * 3 * 4  # 1 while a lease is held
 C_LEASE_LIMIT = C_LEASE_ON + 1  # most reserved bytes (the memory limit; int64 max if none)
 C_LEASE_SEGMENTS = C_LEASE_ON + 2  # segments made under the lease...
 C_LEASE = C_LEASE_ON + 3  # the lease (kernels.lease, LEASE_SLOTS slots)
-C_LEASE_LOG = C_LEASE + LEASE_SLOTS  # ...their region rows, in the order made
+C_LEASE_LOG = C_LEASE + LEASE_SLOTS  # ...(base, size) each, in the order made
 LEASE_LOG_SIZE = 64  # a full log asks for NEED_ROWS: the façade records, then leases again
 # NumPy scalars, not Python literals: the lease kernels compile once for both policies.
 _LEASE_AT = np.int64(C_LEASE)
@@ -115,9 +116,14 @@ _SEGMENT_ALIGNMENT = np.int64(MIN_BLOCK_SIZE)
 # Under the lease, the façade may also let the kernel fail an allocation
 # itself where its slow path would fail it with only counters changed
 # (``fails_for_certain``): a replay's failures after its first.
-C_FAIL_QUIETLY = C_LEASE_LOG + LEASE_LOG_SIZE  # 1 while allowed
+C_FAIL_QUIETLY = C_LEASE_LOG + 2 * LEASE_LOG_SIZE  # 1 while allowed
 C_FAILED_HERE = C_FAIL_QUIETLY + 1  # how many the kernel failed (the façade counts them)
-CACHING_STATE_SIZE = C_FAILED_HERE + 1
+# Such a failure may first release cached segments, as PyTorch's slow path does
+# (``fails_after_release``): the façade gives them back to the backend.
+C_RELEASED = C_FAILED_HERE + 1  # segments released...
+C_RELEASE_LOG = C_RELEASED + 1  # ...(base, size) each, in the order released
+RELEASE_LOG_SIZE = 16  # more to release at once: the façade's slow path does it
+CACHING_STATE_SIZE = C_RELEASE_LOG + 2 * RELEASE_LOG_SIZE
 
 
 @njit(cache=True, inline="always")
@@ -318,7 +324,9 @@ def caching_allocate(chunks, bins, regions, pmap, state, requested):
     if h == NO_HANDLE:
         if state[C_LEASE_ON] == 0:
             return NOT_FOUND
-        if state[C_FAIL_QUIETLY] != 0 and fails_for_certain(chunks, regions, state, size):
+        if state[C_FAIL_QUIETLY] != 0 and over_lease_limit(state, allocation_size(size)):
+            if not fails_after_release(chunks, bins, regions, state, size):
+                return NOT_FOUND  # the retry after the release may succeed: the façade's
             state[C_FAILED_HERE] += 1
             return FAILED_HERE
         r = lease_segment(chunks, bins, regions, state, size, pool)
@@ -354,7 +362,11 @@ def lease_segment(chunks, bins, regions, state, size, pool):
     if r < 0:
         return r
     lease_take(state, _LEASE_AT, ptr, received)
-    state[C_LEASE_LOG + state[C_LEASE_SEGMENTS]] = r
+    # Where and how big, not the row: a failure may release it before the
+    # façade records it (fails_after_release).
+    log = C_LEASE_LOG + 2 * state[C_LEASE_SEGMENTS]
+    state[log] = ptr
+    state[log + 1] = received
     state[C_LEASE_SEGMENTS] += 1
     return r
 
@@ -366,21 +378,58 @@ def over_lease_limit(state, alloc_size):
     return alloc_size > state[C_LEASE_LIMIT] - state[C_STATS + RESERVED_BYTES * 12]
 
 
+@njit(cache=True, inline="always")
+def _released_before(regions, a, b):
+    """PyTorch's release order of cached segments: the large pool first, then
+    ``(size, address)``."""
+    if regions[a]["bin"] != regions[b]["bin"]:
+        return regions[a]["bin"] > regions[b]["bin"]
+    if regions[a]["size"] != regions[b]["size"]:
+        return regions[a]["size"] < regions[b]["size"]
+    return regions[a]["base"] < regions[b]["base"]
+
+
 @inner
-def fails_for_certain(chunks, regions, state, size):
-    """True if the façade's slow path (``CachingBase._malloc_slow_held``) would
-    fail a ``size``-byte block and change nothing but its counters: a new
-    segment is over the limit, and PyTorch's release of cached segments
-    finds none wholly free, so its retry is over the limit too. The façade
-    allows this only where its slow path has no other step (the lease's
-    conditions, and no ``max_split_size``)."""
-    if not over_lease_limit(state, allocation_size(size)):
-        return False
-    if state[C_STATS + ALLOCATED_BYTES * 12] == state[C_STATS + RESERVED_BYTES * 12]:
-        return True  # nothing is cached
+def fails_after_release(chunks, bins, regions, state, size):
+    """The façade's slow path (``CachingBase._malloc_slow_held``) for a
+    ``size``-byte block whose new segment is over the lease's limit, when it
+    ends in failure: PyTorch's release of the cached segments (those wholly
+    free, ``_release_cached_blocks``) leaves too little room for its retry.
+    Releases them here, in PyTorch's order, logs them for the façade to give
+    back (``C_RELEASE_LOG``, ``S_LEASE_SPENT``) and returns True; the caller
+    counts the failure. Returns False when the retry could succeed or more
+    segments would go than the log holds (the façade's slow path then
+    decides; the log's slots are scratch until ``C_RELEASED`` counts them).
+
+    The façade allows this only where its slow path has no other step (the
+    lease's conditions, and no ``max_split_size``).
+    """
+    reserved = state[C_STATS + RESERVED_BYTES * 12]
+    if state[C_STATS + ALLOCATED_BYTES * 12] == reserved:
+        return True  # nothing is cached: nothing to release
+    n = 0
+    released = 0
     for r in range(regions.shape[0]):
         if regions[r]["size"] > 0 and not region_in_use(chunks, regions, r):
-            return False
+            if n == RELEASE_LOG_SIZE:
+                return False
+            j = n  # insertion into the log's rows, in release order
+            while j > 0 and _released_before(regions, r, state[C_RELEASE_LOG + 2 * (j - 1)]):
+                state[C_RELEASE_LOG + 2 * j] = state[C_RELEASE_LOG + 2 * (j - 1)]
+                j -= 1
+            state[C_RELEASE_LOG + 2 * j] = r
+            n += 1
+            released += regions[r]["size"]
+    if allocation_size(size) <= state[C_LEASE_LIMIT] - (reserved - released):
+        return False
+    for k in range(n):
+        at = C_RELEASE_LOG + 2 * k
+        r = state[at]
+        state[at] = regions[r]["base"]
+        state[at + 1] = caching_release_segment(chunks, bins, regions, state, r)
+    if n > 0:
+        state[C_RELEASED] = n
+        state[S_LEASE_SPENT] = 1
     return True
 
 

@@ -38,6 +38,7 @@ from ..kernels.layout import (
     S_MIN_ALLOCATION,
     S_NUM_REGIONS,
     S_POOL_BYTES,
+    S_SPACE_BINS,
     STATE_SIZE,
     TABLES_BUSY,
 )
@@ -102,8 +103,9 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
     rounded = round_up(num_bytes, quantum)
     space = space_for(rounded, state)
     alignment = max(alignment, quantum)
-    first_bin = space * SPACE_BINS + bin_for_size(rounded, quantum, SPACE_BINS)
-    stop_bin = (space + 1) * SPACE_BINS
+    per_space = state[S_SPACE_BINS]
+    first_bin = space * per_space + bin_for_size(rounded, quantum, per_space)
+    stop_bin = (space + 1) * per_space
     p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, alignment,
                            freed_before, first_bin, stop_bin)
     if p != NOT_FOUND or state[S_LEASE_ON] == 0:
