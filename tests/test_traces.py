@@ -361,6 +361,22 @@ def test_after_failures_a_request_that_fits_exactly_is_served(policy):
     assert [bool(a) for a in fast.addresses] == [True, False, False, True, False, False, True]
 
 
+def test_after_a_failure_compact_gives_pages_back_to_serve_a_request():
+    """Past the first failure, a request that growth alone cannot serve but
+    giving a freed run of whole pages back can is not failed in the kernel:
+    the slow path punches the pages out and grows."""
+    # In 32 MiB: 8 + 8 + 8 + 6 live, 4 fails (the first); the second 8 goes;
+    # 10 then fits only once its pages go back and the space grows at its top.
+    t = Trace.from_arrays([0, 0, 0, 0, 0, 1, 0], [0, 1, 2, 3, 4, 1, 5],
+                          [8 * MIB, 8 * MIB, 8 * MIB, 6 * MIB, 4 * MIB, 0, 10 * MIB])
+    fast_allocator, slow_allocator = (make_allocator("compact", 32 * MIB) for _ in range(2))
+    fast = replay(t, fast_allocator)
+    slow = replay(t, slow_allocator, engine="python")
+    assert fast.addresses.tolist() == slow.addresses.tolist() and fast.addresses[6] > 0
+    assert fast.ooms == slow.ooms == 1
+    assert fast_allocator.backend.mapped_ranges() == slow_allocator.backend.mapped_ranges()
+
+
 def test_a_failure_after_releasing_the_cache_is_the_kernels_too():
     """Past the first failure, one that releases cached segments and still
     fails (PyTorch's release_cached_blocks, then the retry) happens in the

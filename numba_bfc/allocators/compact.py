@@ -24,6 +24,7 @@ from ..policies.compact import (
     S_LEASE_LOG,
     S_LEASE_ON,
     S_LEASE_PIECES,
+    S_QUIET_PAGE,
     S_RELEASE_DUE,
     S_RELEASE_THRESHOLD,
     S_SMALL_SIZE,
@@ -163,6 +164,9 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         if inputs != self._lease_inputs:  # else the slots still hold them
             self._lease_inputs = inputs
             st[S_FAIL_QUIETLY] = fail_quietly
+            every_space_remaps = large_remaps and (small is None or small_remaps)
+            st[S_QUIET_PAGE] = min(q for q, r in zip(self._quanta, self._remapping) if r) \
+                if every_space_remaps else 0
             # The slots S_LEASE_LIMIT .. S_LEASE_PIECES - 1, in order, at once.
             slots = [self.memory_limit, *self._quanta]
             for lo, hi in self._hulls:

@@ -24,7 +24,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.chunks import JOIN_REGIONS, add_region, bin_for_size, free_tail_start, round_up
+from ..kernels.chunks import (
+    JOIN_REGIONS,
+    add_region,
+    bin_for_size,
+    free_tail_start,
+    largest_free_chunk,
+    round_up,
+)
 from ..kernels.guard import may_proceed, table_views
 from ..kernels.jit import inner, njit, operation
 from ..kernels.layout import (
@@ -64,7 +71,11 @@ LEASE_LOG_PIECES = 32
 # failures after its first; ``compact_allocate``).
 S_FAIL_QUIETLY = S_LEASE_LOG + 3 * LEASE_LOG_PIECES  # 1 while allowed
 S_FAILED_HERE = S_FAIL_QUIETLY + 1  # how many the kernel failed (the façade counts them)
-COMPACT_STATE_SIZE = S_FAILED_HERE + 1
+# The smallest growth quantum when every space remaps (0 otherwise): a free
+# chunk smaller holds no whole page, so the out-of-memory release has nothing
+# to give back (``CompactGrowth._punchable``).
+S_QUIET_PAGE = S_FAILED_HERE + 1
+COMPACT_STATE_SIZE = S_QUIET_PAGE + 1
 
 LARGE_SPACE = 0  # the region ``bin`` of each space
 SMALL_SPACE = 1
@@ -95,9 +106,7 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
 
     Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
     nothing has changed. Where the façade allows it, ``FAILED_HERE``, counted
-    in ``state[S_FAILED_HERE]``: not even every free byte given back would
-    make room, so the façade's growth and its release pass would fail with
-    nothing changed (``CompactGrowth._extend``, ``_release_free_regions``).
+    in ``state[S_FAILED_HERE]`` (``fails_for_certain``).
     """
     quantum = state[S_MIN_ALLOCATION]
     rounded = round_up(num_bytes, quantum)
@@ -111,7 +120,8 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
     if p != NOT_FOUND or state[S_LEASE_ON] == 0:
         return p
     if (state[S_FAIL_QUIETLY] != 0 and state[S_RELEASE_DUE] == 0
-            and rounded > state[S_LEASE_LIMIT] - state[S_BYTES_IN_USE]):
+            and fails_for_certain(chunks, bins, regions, state, space, rounded,
+                                  rounded + alignment - quantum)):
         state[S_FAILED_HERE] += 1
         return FAILED_HERE
     if not lease_growth(chunks, bins, regions, state, space, rounded + alignment - quantum):
@@ -119,6 +129,28 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
     p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, alignment,
                            freed_before, first_bin, stop_bin)
     return GREW_NOT_FOUND if p == NOT_FOUND else p
+
+
+@inner
+def fails_for_certain(chunks, bins, regions, state, space, rounded, need):
+    """True if the façade's slow path would fail a request of ``rounded``
+    bytes (``need`` with its alignment slack) and change nothing: not even
+    every free byte given back makes room (``_release_free_regions`` skips its
+    passes); or its growth (``CompactGrowth._extend``: the pages the space's
+    top lacks, or a first region) is over the limit even without headroom,
+    and with every space remapping (``S_QUIET_PAGE``) no free chunk holds a
+    whole page, so its release finds nothing to give back.
+    """
+    if rounded > state[S_LEASE_LIMIT] - state[S_BYTES_IN_USE]:
+        return True
+    page = state[S_QUIET_PAGE]
+    if page == 0:
+        return False
+    end, tail = top_region_tail(chunks, regions, space)
+    quantum = state[S_QUANTA + space] if end != 0 else state[S_PAGE_SIZE]
+    if round_up(max(need - tail, 1), quantum) <= state[S_LEASE_LIMIT] - state[S_POOL_BYTES]:
+        return False  # the growth may succeed
+    return largest_free_chunk(chunks, bins) < page
 
 
 @inner
