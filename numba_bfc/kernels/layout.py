@@ -23,7 +23,8 @@ Unused rows are chained through ``next`` into a free-handle list.
                    tell a recycled row from the chunk they meant
 =================  ======================================================
 
-Bin table (``BIN_DTYPE``), one row per size class: ``bin_size`` (smallest size
+Bin table (``BIN_DTYPE``), one row per size class (per space and size class
+with ``S_SPACE_BINS``, per pool for the caching policy): ``bin_size`` (smallest size
 the bin holds), ``root`` (root handle of its ordered free set, -1 if empty),
 ``num_chunks`` and ``total_bytes`` of the free chunks in it.
 
@@ -31,7 +32,9 @@ Region table (``REGION_DTYPE``), one row per backend region (``size == 0``
 marks an unused row): ``base``, ``size``, ``first`` and ``last`` chunk handles,
 ``bin``: -1 when free chunks go to the bin for their size (BFC), else the
 one bin every free chunk of the region goes to (the caching policy's pools,
-where a block's pool is fixed by its segment, not by its size), and
+where a block's pool is fixed by its segment, not by its size), or with
+``S_SPACE_BINS`` the region's space, whose size bins its free chunks go to
+(the compact policy), and
 ``last_piece``: where the newest backend allocation merged into the region
 starts (the compact policy can give back only whole backend allocations), and
 ``page``: 0, or for an expandable segment of the caching policy (address space
