@@ -136,7 +136,6 @@ class TableStore:
     # fixed dtypes), so the batch kernel can skip the dispatcher after first use.
     _RUN_BATCH: Kernel
     _POOL_NAMES_BLOCKS = True  # records show a fixed-bin region's bin for in-use blocks too
-    _SPACE_BINS = 0  # the state's S_SPACE_BINS (kernels.layout)
     _IN_USE_SLOT: int  # the state slot counting bytes in use (policy's definition)
 
     def _free_region_rows(self) -> np.ndarray:
@@ -274,9 +273,9 @@ class TableStore:
             # A region with a fixed bin (a caching pool) names it for every block.
             pool = self._regions["bin"][rows["region"]]
             rec["bin"] = np.where(pool >= 0, pool, rows["bin"])
-        elif self._SPACE_BINS:
+        elif per_space := self._state.item(L.S_SPACE_BINS):
             # A free chunk's record names its space; the size bins within it are an index.
-            rec["bin"] = np.where(rows["bin"] >= 0, rows["bin"] // self._SPACE_BINS, rows["bin"])
+            rec["bin"] = np.where(rows["bin"] >= 0, rows["bin"] // per_space, rows["bin"])
         else:
             rec["bin"] = rows["bin"]
         rec["allocation_id"] = rows["allocation_id"]

@@ -106,7 +106,6 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     _RUN_BATCH = Kernel(run_batch_compact)
     _STATE_SIZE = COMPACT_STATE_SIZE
     _NUM_BINS = NUM_COMPACT_BINS
-    _SPACE_BINS = SPACE_BINS
     _POOL_NAMES_BLOCKS = False
     _ALLOCATE = Kernel(compact_allocate_op)
     _DEALLOCATE = Kernel(compact_deallocate_op)

@@ -97,6 +97,7 @@ NO_HANDLE = -1
 _EMPTY_REGION = np.zeros((), dtype=REGION_DTYPE)
 for _field in ("first", "last", "bin"):
     _EMPTY_REGION[_field] = NO_HANDLE
+
 #: ``allocation_id`` of a chunk of address space with no memory behind it (a
 #: caching-policy expandable segment's unmapped block): neither free nor in use.
 UNMAPPED = -2

@@ -115,7 +115,7 @@ _LEASE_AT = np.int64(C_LEASE)
 _SEGMENT_ALIGNMENT = np.int64(MIN_BLOCK_SIZE)
 # Under the lease, the façade may also let the kernel fail an allocation
 # itself where its slow path would fail it with only counters changed
-# (``fails_for_certain``): a replay's failures after its first.
+# (``fails_after_release``): a replay's failures after its first.
 C_FAIL_QUIETLY = C_LEASE_LOG + 2 * LEASE_LOG_SIZE  # 1 while allowed
 C_FAILED_HERE = C_FAIL_QUIETLY + 1  # how many the kernel failed (the façade counts them)
 # Such a failure may first release cached segments, as PyTorch's slow path does
@@ -313,8 +313,8 @@ def caching_allocate(chunks, bins, regions, pmap, state, requested):
 
     Returns the address, ``NOT_FOUND`` (the façade allocates a segment) or
     ``NEED_ROWS``; on either code no block has changed. Where the façade
-    allows it, ``FAILED_HERE``: a failure that changes nothing but counters,
-    counted in ``state[C_FAILED_HERE]``.
+    allows it, ``FAILED_HERE``: a failure as its slow path would end in,
+    counted in ``state[C_FAILED_HERE]`` (``fails_after_release``).
     """
     if not room_for_operation(pmap, state):
         return NEED_ROWS
@@ -324,8 +324,9 @@ def caching_allocate(chunks, bins, regions, pmap, state, requested):
     if h == NO_HANDLE:
         if state[C_LEASE_ON] == 0:
             return NOT_FOUND
-        if state[C_FAIL_QUIETLY] != 0 and over_lease_limit(state, allocation_size(size)):
-            if not fails_after_release(chunks, bins, regions, state, size):
+        alloc_size = allocation_size(size)
+        if state[C_FAIL_QUIETLY] != 0 and over_lease_limit(state, alloc_size):
+            if not fails_after_release(chunks, bins, regions, state, alloc_size):
                 return NOT_FOUND  # the retry after the release may succeed: the façade's
             state[C_FAILED_HERE] += 1
             return FAILED_HERE
@@ -390,9 +391,9 @@ def _released_before(regions, a, b):
 
 
 @inner
-def fails_after_release(chunks, bins, regions, state, size):
-    """The façade's slow path (``CachingBase._malloc_slow_held``) for a
-    ``size``-byte block whose new segment is over the lease's limit, when it
+def fails_after_release(chunks, bins, regions, state, alloc_size):
+    """The façade's slow path (``CachingBase._malloc_slow_held``) for a block
+    whose new segment (``alloc_size`` bytes) is over the lease's limit, when it
     ends in failure: PyTorch's release of the cached segments (those wholly
     free, ``_release_cached_blocks``) leaves too little room for its retry.
     Releases them here, in PyTorch's order, logs them for the façade to give
@@ -420,7 +421,7 @@ def fails_after_release(chunks, bins, regions, state, size):
             state[C_RELEASE_LOG + 2 * j] = r
             n += 1
             released += regions[r]["size"]
-    if allocation_size(size) <= state[C_LEASE_LIMIT] - (reserved - released):
+    if alloc_size <= state[C_LEASE_LIMIT] - (reserved - released):
         return False
     for k in range(n):
         at = C_RELEASE_LOG + 2 * k
