@@ -8,7 +8,29 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["InputError", "InvalidPointerError", "OutOfMemoryError"]
+__all__ = ["FailureRecord", "InputError", "InvalidPointerError", "OutOfMemoryError"]
+
+
+class FailureRecord:
+    """What an allocator keeps of a failed allocation for its
+    ``OutOfMemoryError`` (``OutOfMemoryError.deferred``), which calls each
+    method at most once, when first asked: the counters are taken at the
+    failure, the rest is built from them later.
+    """
+
+    __slots__ = ()
+
+    def message(self, error: OutOfMemoryError) -> str:
+        """The error's message (``error`` holds the request and the reason)."""
+        raise NotImplementedError
+
+    def stats(self) -> Any:
+        """The allocator's stats at the failure (an ``AllocatorStats``), or None."""
+        return None
+
+    def report(self) -> tuple[list[dict], str, bool]:
+        """``(bin_summary, occupancy, stale)``: see the error's attributes."""
+        return [], "", False
 
 
 class OutOfMemoryError(MemoryError):
@@ -90,10 +112,37 @@ class OutOfMemoryError(MemoryError):
         self._report_stale = False
         self._report = report  # () -> (bin_summary, occupancy, stale), called once
 
+    @classmethod
+    def deferred(cls, failure: FailureRecord, allocator_name: str, num_bytes: int,
+                 rounded_bytes: int, alignment: int, reason: str) -> OutOfMemoryError:
+        """The error as an allocator's failure path makes it: ``failure`` builds
+        the message, the stats and the report on first read, and nothing is
+        checked; a third of what the keywords cost, which a program that
+        catches the error pays on every failure.
+
+        Examples
+        --------
+        >>> class NoRoom(FailureRecord):
+        ...     def message(self, error):
+        ...         return f"no room for {error.num_bytes} bytes"
+        >>> e = OutOfMemoryError.deferred(NoRoom(), "a", 1000, 1024, 256, "exhausted")
+        >>> str(e), e.rounded_bytes, e.stats, e.occupancy
+        ('no room for 1000 bytes', 1024, None, '')
+        """
+        error = cls.__new__(cls)
+        error._message = error._stats = error._report = failure
+        error.allocator_name = allocator_name
+        error.num_bytes = num_bytes
+        error.rounded_bytes = rounded_bytes
+        error.alignment = alignment
+        error.reason = reason
+        return error  # _bin_summary, _occupancy and _report_stale: set by _built
+
     def _formatted(self) -> None:
         if self._message is not None:
             message, self._message = self._message, None
-            self.args = (message(),)
+            self.args = (message.message(self) if isinstance(message, FailureRecord)
+                         else message(),)
 
     def __str__(self) -> str:
         self._formatted()
@@ -106,11 +155,14 @@ class OutOfMemoryError(MemoryError):
     def _built(self) -> None:
         if self._report is not None:
             report, self._report = self._report, None
-            self._bin_summary, self._occupancy, self._report_stale = report()
+            self._bin_summary, self._occupancy, self._report_stale = (
+                report.report() if isinstance(report, FailureRecord) else report())
 
     @property
     def stats(self) -> Any:
-        if callable(self._stats):
+        if isinstance(self._stats, FailureRecord):
+            self._stats = self._stats.stats()
+        elif callable(self._stats):
             self._stats = self._stats()
         return self._stats
 

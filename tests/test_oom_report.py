@@ -208,3 +208,108 @@ def test_a_replay_reports_its_first_failure_in_full_and_counts_the_rest(policy):
     with pytest.raises(OutOfMemoryError) as e:
         kernel_allocator.allocate_raw(64 * MiB)
     assert e.value.stats is not None and "a batch reports" not in str(e.value)
+
+
+def _slow_path_calls(a, monkeypatch) -> list:
+    """Count the façade's slow paths (``_allocate_slow``, the caching policy's
+    ``_malloc_slow``) from now on."""
+    calls = []
+    name = "_malloc_slow" if isinstance(a, CachingAllocator) else "_allocate_slow"
+    slow = getattr(type(a), name)
+    monkeypatch.setattr(a, name, lambda *args: calls.append(args) or slow(a, *args))
+    return calls
+
+
+def _observed(a):
+    """What a failure must leave as it was (the counters aside)."""
+    if isinstance(a, CachingAllocator):
+        return a.memory_snapshot(), a._records().tolist()
+    return a.memory_map()
+
+
+@pytest.mark.parametrize("hold_lock", [False, True])
+@pytest.mark.parametrize("policy", list(PAIRS))
+def test_a_failure_the_kernel_decides_is_the_slow_paths(policy, hold_lock, monkeypatch):
+    """No fit and no room to grow (bfc), none whatever is given back
+    (compact), or a new segment over the limit and none cached wholly free
+    (caching): the kernel fails the allocation itself, lock-free or under the
+    lock, and the error is the one the slow path gives (the oracle's), the
+    allocator and its backend unchanged but for the counts of failures."""
+    cls, oracle_cls, kw = PAIRS[policy]
+    a, _ = _fragmented(cls, **kw)
+    oracle, _ = _fragmented(oracle_cls, **kw)
+    backend_calls = (a.backend.num_allocs, a.backend.num_frees)
+    calls = _slow_path_calls(a, monkeypatch)
+    before = _observed(a)
+    for _ in range(2):
+        if hold_lock:
+            with a._lock:
+                err = _failure(a)
+        else:
+            err = _failure(a)
+        expected = _failure(oracle)
+    assert calls == []
+    assert (str(err), err.reason, err.rounded_bytes, err.alignment, err.num_bytes) == (
+        str(expected), expected.reason, expected.rounded_bytes, expected.alignment,
+        expected.num_bytes)
+    assert err.stats == expected.stats == a.get_stats()
+    assert err.occupancy == expected.occupancy and err.bin_summary == expected.bin_summary
+    assert _observed(a) == before and not err.report_stale
+    assert (a.backend.num_allocs, a.backend.num_frees) == backend_calls
+    if policy == "caching":  # the two failures counted as the slow path counts them
+        assert a.memory_stats() == oracle.memory_stats()
+        assert a.memory_stats()["num_ooms"] == 2
+
+
+@pytest.mark.parametrize("setting", ["history", "max_split_size", "garbage collection",
+                                     "something cached"])
+def test_the_caching_kernel_leaves_to_the_slow_path_what_is_not_only_a_failure(
+        setting, monkeypatch):
+    """A failure the slow path records (history), or that it may turn into
+    success or a release (oversize blocks, garbage collection, segments cached
+    wholly free), is not the kernel's to decide."""
+    kw = {"max_split_size": 32 * MiB} if setting == "max_split_size" else {}
+    if setting == "garbage collection":
+        kw = {"garbage_collection_threshold": 0.5}
+    a, live = _fragmented(CachingAllocator, **kw)
+    if setting == "history":
+        a.record_memory_history()
+    if setting == "something cached":
+        a.deallocate_raw(live[0])  # its segment (2 MiB, two 1 MiB blocks) is now wholly free
+    calls = _slow_path_calls(a, monkeypatch)
+    _failure(a)
+    assert len(calls) == 1
+    if setting == "history":
+        assert a.memory_history()[-1]["action"] == "oom"
+        a.record_memory_history(False)
+        _failure(a)
+        assert len(calls) == 1  # the kernel's again
+
+
+@pytest.mark.parametrize("setup", ["garbage collection", "timestamped frees"])
+def test_the_bfc_kernel_leaves_to_the_slow_path_what_could_succeed(setup, monkeypatch):
+    """A failure the slow path could turn into success (free regions given back,
+    timestamped chunks merged) is not the kernel's to decide."""
+    from numba_bfc import SharedCounter
+
+    if setup == "garbage collection":
+        a, _ = _fragmented(BFCAllocator, garbage_collection=True)
+    else:
+        a, _ = _fragmented(BFCAllocator)
+        counter = SharedCounter()
+        a.set_timing_counter(counter)
+        p = a.allocate_raw(MiB)
+        a.deallocate_raw(p)  # queued, not merged: the slow path merges it
+        a.set_timing_counter(None)
+    calls = _slow_path_calls(a, monkeypatch)
+    _failure(a)
+    assert len(calls) == 1
+
+
+def test_the_limit_and_garbage_collection_are_fixed_at_construction():
+    a = BFCAllocator(VirtualSubAllocator(), memory_limit=4 * MiB)
+    with pytest.raises(AttributeError):
+        a.memory_limit = 8 * MiB
+    with pytest.raises(AttributeError):
+        a.garbage_collection = True
+    assert a.memory_limit == 4 * MiB and a.garbage_collection is False

@@ -110,6 +110,14 @@ class TableLock:
         self.release()
 
 
+# The state slots a failure reads at once (one read of a memoryview is
+# cheaper than an item each): the BFC counters, and the slots that make the
+# report's fingerprint (``TableStore._fingerprint_from``).
+SNAPSHOT_SLOTS = 1 + max(L.S_NEXT_ALLOCATION_ID, L.S_MAP_COUNT, L.S_POOL_BYTES,
+                         L.S_NUM_REGIONS, L.S_TSQ_COUNT, L.S_NUM_ALLOCS, L.S_BYTES_IN_USE,
+                         L.S_PEAK_BYTES_IN_USE, L.S_LARGEST_ALLOC_SIZE, L.S_PEAK_POOL_BYTES)
+
+
 class TableStore:
     """Mixin over ``self._chunks, _bins, _regions, _pmap, _state, _tsq``; the
     caller holds ``self._lock`` for every method but ``run_batch``."""
@@ -119,6 +127,8 @@ class TableStore:
         (self._chunks, self._bins, self._regions, self._pmap, self._state,
          self._tsq) = tables
         self._lock = TableLock(self._state)
+        # A memoryview reads the slots into a list in half the time a slice does.
+        self._snapshot_slots = memoryview(self._state)[:SNAPSHOT_SLOTS]
         self._note_table_addresses()
 
     def _note_table_addresses(self, *names: str) -> None:
@@ -245,12 +255,17 @@ class TableStore:
             self._grow_tables()
 
     def _report_fingerprint(self) -> tuple[int, ...]:
-        # Every allocation takes a new id, every free shrinks the pointer map,
-        # and every other change to the chunks changes the pool, the regions
-        # or the timestamped queue.
-        item = self._state.item
-        return (item(L.S_NEXT_ALLOCATION_ID), item(L.S_MAP_COUNT), item(L.S_POOL_BYTES),
-                item(L.S_NUM_REGIONS), item(L.S_TSQ_COUNT))
+        return self._fingerprint_from(self._snapshot_slots.tolist())
+
+    @staticmethod
+    def _fingerprint_from(snapshot: list) -> tuple[int, ...]:
+        """The report's fingerprint from the first ``SNAPSHOT_SLOTS`` slots of
+        the state (what an out-of-memory error keeps, ``report.Failure``):
+        what changes whenever the chunks do. Every allocation takes a new id,
+        every free shrinks the pointer map, and every other change to the
+        chunks changes the pool, the regions or the timestamped queue."""
+        return (snapshot[L.S_NEXT_ALLOCATION_ID], snapshot[L.S_MAP_COUNT],
+                snapshot[L.S_POOL_BYTES], snapshot[L.S_NUM_REGIONS], snapshot[L.S_TSQ_COUNT])
 
     def _lookup(self, ptr: int):
         h = _MAP_LOOKUP.call(self._state, ptr)

@@ -10,6 +10,7 @@ from ..kernels.operations import (
 )
 from ..policies.batch import run_batch_bfc
 from ..policies.bfc import bfc_allocate_op, bfc_deallocate_op, bfc_deallocate_timestamped_op
+from ..stats import AllocatorStats
 from ._fastcall import Kernel
 from ._tables import LARGEST_FREE_CHUNK, REMOVE_REGION, TableStore
 from .bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase
@@ -17,10 +18,21 @@ from .bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase
 __all__ = ["BFCAllocator"]
 
 _ADD_REGION = Kernel(add_region_op)
-_COUNTER_SLOTS = 1 + max(L.S_NUM_ALLOCS, L.S_BYTES_IN_USE, L.S_PEAK_BYTES_IN_USE,
-                         L.S_LARGEST_ALLOC_SIZE, L.S_POOL_BYTES, L.S_PEAK_POOL_BYTES)
+_FAILED_HERE = L.FAILED_HERE
 _DEALLOCATE_TIMESTAMPED = Kernel(bfc_deallocate_timestamped_op)
 _MERGE_TIMESTAMPED = Kernel(merge_timestamped_op)
+
+
+def _counters_of(st: list) -> dict:
+    """``BFCBase._counters`` from the state's first ``SNAPSHOT_SLOTS`` slots."""
+    return {
+        "num_allocs": st[L.S_NUM_ALLOCS],
+        "bytes_in_use": st[L.S_BYTES_IN_USE],
+        "peak_bytes_in_use": st[L.S_PEAK_BYTES_IN_USE],
+        "largest_alloc_size": st[L.S_LARGEST_ALLOC_SIZE],
+        "pool_bytes": st[L.S_POOL_BYTES],
+        "peak_pool_bytes": st[L.S_PEAK_POOL_BYTES],
+    }
 
 
 class BFCAllocator(TableStore, BFCBase):
@@ -66,6 +78,10 @@ class BFCAllocator(TableStore, BFCBase):
         self._adopt_tables(L.new_tables(self._NUM_BINS, MIN_ALLOCATION,
                                         state_size=self._STATE_SIZE))
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
+        # Garbage collection is the slow path's one step the kernel does not
+        # take: without it, a kernel that finds no fit and no room to grow
+        # fails the allocation itself (policies.bfc.fails_without_growth).
+        self._state[L.S_FAIL_LIMIT] = 0 if self._garbage_collection else self._memory_limit
 
     # Fast paths: one kernel call each, lock-free first (kernels.guard), then
     # under the lock; everything unusual goes to BFCBase.
@@ -74,22 +90,34 @@ class BFCAllocator(TableStore, BFCBase):
         # The common call, tested cheapest first (a default or small-int 256 is
         # the same object as MIN_ALLOCATION; any other alignment goes the long way).
         if not (alignment is MIN_ALLOCATION and attributes is None and not freed_before
-                and type(num_bytes) is int and 0 < num_bytes <= self.memory_limit
+                and type(num_bytes) is int and 0 < num_bytes <= self._memory_limit
                 and not self._timestamps_used):
             return super().allocate_raw(num_bytes, alignment, attributes,
                                         freed_before=freed_before)
         p = self._ALLOCATE.call(self._state, num_bytes, MIN_ALLOCATION, 0, False)
         if p > 0:
             return p
+        if p == _FAILED_HERE:
+            raise self._failed_here(num_bytes)
         with self._lock:
             p = self._ALLOCATE.call(self._state, num_bytes, MIN_ALLOCATION, 0, True)
             if p > 0:
                 return p
+            if p == _FAILED_HERE:
+                raise self._failed_here(num_bytes)
             if p == L.NEED_ROWS:
                 p = self._try_allocate(num_bytes, MIN_ALLOCATION, 0)
                 if p:
                     return p
             return self._allocate_slow(num_bytes, MIN_ALLOCATION, 0)
+
+    def _failed_here(self, n: int):
+        """The error for a request the kernel failed itself (``FAILED_HERE``):
+        no lock needed, the counters are one read of the state."""
+        st = self._snapshot_slots.tolist()
+        return self._failure(n, -(-n // MIN_ALLOCATION) * MIN_ALLOCATION, MIN_ALLOCATION, None,
+                             st, st, st[L.S_BYTES_IN_USE], st[L.S_POOL_BYTES],
+                             self._state.item(L.S_FAILED_LARGEST_FREE))
 
     def deallocate_raw(self, ptr: int | None) -> None:
         if (type(ptr) is not int or not 0 < ptr <= MAX_INT64
@@ -114,7 +142,7 @@ class BFCAllocator(TableStore, BFCBase):
         return alignment
 
     def _largest_request(self) -> int:
-        return self.memory_limit
+        return self._memory_limit
 
     def _request_too_large(self, n: int, alignment: int):
         return self._out_of_memory(n, 0, alignment, "limit")
@@ -156,16 +184,22 @@ class BFCAllocator(TableStore, BFCBase):
     def _remove_region(self, key) -> None:
         REMOVE_REGION.call(self._state, key)
 
+    def _snapshot(self) -> tuple[list, list]:
+        # One read of the state: the counters (a list until the stats are
+        # built), which also hold the report's fingerprint.
+        st = self._snapshot_slots.tolist()
+        return st, st
+
+    @staticmethod
+    def _usage_from(counters: list) -> tuple[int, int]:
+        return counters[L.S_BYTES_IN_USE], counters[L.S_POOL_BYTES]
+
+    @staticmethod
+    def _stats_from(counters: list, largest: int, limit: int) -> AllocatorStats:
+        return BFCBase._stats_from(_counters_of(counters), largest, limit)
+
     def _counters(self) -> dict:
-        st = self._state[:_COUNTER_SLOTS].tolist()  # one read, not one per slot
-        return {
-            "num_allocs": st[L.S_NUM_ALLOCS],
-            "bytes_in_use": st[L.S_BYTES_IN_USE],
-            "peak_bytes_in_use": st[L.S_PEAK_BYTES_IN_USE],
-            "largest_alloc_size": st[L.S_LARGEST_ALLOC_SIZE],
-            "pool_bytes": st[L.S_POOL_BYTES],
-            "peak_pool_bytes": st[L.S_PEAK_POOL_BYTES],
-        }
+        return _counters_of(self._snapshot_slots.tolist())
 
     def _usage(self) -> tuple[int, int]:
         st = self._state  # .item(): a Python int without a NumPy scalar in between

@@ -10,10 +10,10 @@ chunk machinery (``BFCAllocator``: Numba kernels over tables;
 from __future__ import annotations
 
 import abc
-import functools
 import itertools
 import logging
 import threading
+import weakref
 
 import numpy as np
 
@@ -40,10 +40,6 @@ INITIAL_GROWTH_REGION = 2 << 20  # TF: first region with allow_growth is 2 MiB (
 # TF multiplies a size_t by a float 0.9f when a region allocation fails; single
 # precision is kept so that region sizes match TF byte for byte.
 _BACKPEDAL = np.float32(0.9)
-
-
-def _bin_summary(records: np.ndarray) -> list[dict]:
-    return _report.bin_summary(records, MIN_ALLOCATION, NUM_BINS)
 
 
 def round_bytes(n: int) -> int:
@@ -103,9 +99,9 @@ class BFCBase(PooledAllocator):
         self._backend = backend
         self._opts = opts
         self._name = opts.name
-        self.memory_limit = opts.memory_limit
+        self._memory_limit = opts.memory_limit
         self.allow_growth = opts.allow_growth
-        self.garbage_collection = opts.garbage_collection
+        self._garbage_collection = opts.garbage_collection
         self.fragmentation_fraction = opts.fragmentation_fraction
         self._coalesce_regions = bool(backend.supports_coalescing)
         if opts.allow_growth:
@@ -122,10 +118,22 @@ class BFCBase(PooledAllocator):
         # run on this thread while it holds the lock; tables are consistent
         # between kernel calls, so a nested free is safe.
         self._lock = threading.RLock()
+        self._weak_self = weakref.ref(self)  # what its out-of-memory errors refer to
         self._timing_counter = None
         self._timestamps_used = False
         self._safe_frontier = 0
         self._backend_refused = False
+
+    @property
+    def memory_limit(self) -> int:
+        """Most bytes held from the backend (fixed at construction)."""
+        return self._memory_limit
+
+    @property
+    def garbage_collection(self) -> bool:
+        """Whether the out-of-memory path gives free regions back and retries
+        (fixed at construction)."""
+        return self._garbage_collection
 
     # ------------------------------------------------------------------ public API
     def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION,
@@ -160,7 +168,7 @@ class BFCBase(PooledAllocator):
         freed_before = check_count(freed_before, "freed_before")
         if n == 0:
             return 0
-        if n > self.memory_limit:
+        if n > self._memory_limit:
             with self._lock:
                 raise self._out_of_memory(n, 0, alignment, "limit")
         with self._lock:
@@ -229,7 +237,7 @@ class BFCBase(PooledAllocator):
                 "allocator_name": self._name,
                 "memory_limit": self.memory_limit,
                 "stats": self._stats_locked().to_dict(),
-                "bin_summary": _report.bin_summary(records, MIN_ALLOCATION, NUM_BINS),
+                "bin_summary": self._bin_summary(records),
                 "regions": [{"base": b, "size": s} for b, s in self._region_list()],
                 "chunks": _report.chunk_list(records),
             }
@@ -286,19 +294,20 @@ class BFCBase(PooledAllocator):
                 if p:
                     return p
         if (
-            self.garbage_collection
+            self._garbage_collection
             and self._release_free_regions(rounded)
             and self._extend(align, rounded)
         ):
             p = self._try_allocate(n, alignment, freed_before)
             if p:
                 return p
-        raise self._out_of_memory(n, rounded, alignment, None)
+        raise self._out_of_memory(n, rounded, alignment,
+                                  "backend" if self._backend_refused else None)
 
     def _extend(self, alignment: int, rounded: int) -> bool:
         """TF's ``Extend``: get a new region big enough for ``rounded`` bytes."""
         pool = self._usage()[1]
-        available = (self.memory_limit - pool) // MIN_ALLOCATION * MIN_ALLOCATION
+        available = (self._memory_limit - pool) // MIN_ALLOCATION * MIN_ALLOCATION
         if rounded > available:
             return False
         increased = False
@@ -349,7 +358,7 @@ class BFCBase(PooledAllocator):
         total = sum(size for _, _, size in candidates)
         if total == 0:
             return False
-        available = self.memory_limit - self._usage()[1] + total
+        available = self._memory_limit - self._usage()[1] + total
         if rounded > available:
             return False
         _log.info("%s: giving %d free region(s), %d bytes, back to the backend",
@@ -360,7 +369,7 @@ class BFCBase(PooledAllocator):
         return True
 
     def _stats_locked(self) -> AllocatorStats:
-        return self._stats_from(self._counters(), self._largest_free(), self.memory_limit)
+        return self._stats_from(self._snapshot()[0], self._largest_free(), self._memory_limit)
 
     @staticmethod
     def _stats_from(c: dict, largest: int, limit: int) -> AllocatorStats:
@@ -378,33 +387,56 @@ class BFCBase(PooledAllocator):
             fragmentation=(free - largest) / free if free > 0 else 0.0,
         )
 
-    def _out_of_memory(self, n: int, rounded: int, alignment: int, reason: str | None):
+    def _out_of_memory(self, n: int, rounded: int, alignment: int,
+                       reason: str | None) -> OutOfMemoryError:
+        """The error for a failed request, the counters taken now (``reason``
+        None: fragmentation or exhaustion, whichever they say)."""
+        counters, fingerprint = self._snapshot()
+        in_use, reserved = self._usage_from(counters)
+        return self._failure(n, rounded, alignment, reason, counters, fingerprint, in_use,
+                             reserved, None)
+
+    def _failure(self, n: int, rounded: int, alignment: int, reason: str | None, counters,
+                 fingerprint, in_use: int, reserved: int,
+                 largest: int | None) -> OutOfMemoryError:
+        """``_out_of_memory`` given the counters (``_snapshot``), the usage they
+        hold, and the largest free chunk if known."""
+        limit = self._memory_limit
         if reason is None:
-            in_use, reserved = self._usage()
-            free_total = (reserved - in_use) + (self.memory_limit - reserved)
-            if self._backend_refused:
-                reason = "backend"
-            elif free_total >= rounded:
-                reason = "fragmentation"
-            else:
-                reason = "exhausted"
+            reason = ("fragmentation" if (reserved - in_use) + (limit - reserved) >= rounded
+                      else "exhausted")
         if self._brief_oom:
             return _report.brief_oom(self._name, n, rounded, alignment, reason)
-        # The counters now, the stats built from them when someone reads them:
-        # a retry loop that only catches the error never pays for them.
-        stats = _report.Deferred(self._stats_from, self._counters(), self._largest_free(),
-                                 self.memory_limit)
-        return OutOfMemoryError(
-            functools.partial(_report.oom_message, self._name, n, rounded, alignment, stats,
-                              self.memory_limit, reason),
-            allocator_name=self._name,
-            num_bytes=n,
-            rounded_bytes=rounded,
-            alignment=alignment,
-            stats=stats,
-            reason=reason,
-            **_report.oom_report(self, _bin_summary),
-        )
+        # The stats, the message and the report are built when someone reads
+        # them: a retry loop that only catches the error never pays for them.
+        return OutOfMemoryError.deferred(
+            _report.Failure(self, counters, fingerprint,
+                            self._largest_free() if largest is None else largest, limit),
+            self._name, n, rounded, alignment, reason)
+
+    @staticmethod
+    def _bin_summary(records: np.ndarray) -> list[dict]:
+        return _report.bin_summary(records, MIN_ALLOCATION, NUM_BINS)
+
+    @classmethod
+    def _failure_stats(cls, counters, largest: int, limit: int) -> AllocatorStats:
+        return cls._stats_from(counters, largest, limit)
+
+    @staticmethod
+    def _failure_message(error: OutOfMemoryError, stats: AllocatorStats, counters,
+                         limit: int) -> str:
+        return _report.oom_message(error.allocator_name, error.num_bytes, error.rounded_bytes,
+                                   error.alignment, stats, limit, error.reason)
+
+    def _snapshot(self) -> tuple:
+        """``(counters, report fingerprint)``, taken at once: the counters as
+        ``_stats_from`` and ``_usage_from`` read them."""
+        return self._counters(), self._report_fingerprint()
+
+    @staticmethod
+    def _usage_from(counters) -> tuple[int, int]:
+        """(bytes in use, bytes reserved) from ``_snapshot``'s counters."""
+        return counters["bytes_in_use"], counters["pool_bytes"]
 
     # ------------------------------------------------------------------ chunk store
     # Subclasses implement these; all are called with the lock held.

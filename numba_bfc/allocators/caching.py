@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
+from ..errors import OutOfMemoryError
 from ..framework.validate import MAX_INT64
 from ..kernels import layout as L
 from ..policies import caching as C
@@ -17,6 +20,7 @@ __all__ = ["CachingAllocator"]
 
 # Each serves a caller with or without the lock (the last argument).
 _ALLOCATE = Kernel(C.caching_allocate_op)
+_FAILED_HERE = L.FAILED_HERE
 _DEALLOCATE = Kernel(C.caching_deallocate_op)
 _ROUND_SIZE = Kernel(C.round_size)
 _ADD_SEGMENT = Kernel(C.caching_add_segment_op)
@@ -104,6 +108,25 @@ class CachingAllocator(TableStore, CachingBase):
         st[C.C_DIVISIONS:C.C_DIVISIONS + C.ROUNDUP_INTERVALS] = self.roundup_power2_divisions
         self._stats = st[C.C_STATS:C.C_LEASE_ON].reshape(C.NUM_STATS, 3, 4)
         self._lease_inputs = None  # what _open_lease last wrote into the state
+        st[L.S_FAIL_LIMIT] = self._fail_limit()
+
+    def _fail_limit(self) -> int:
+        """``S_FAIL_LIMIT``: the memory limit where the slow path is PyTorch's
+        new segment, release of the cached segments and retry, and nothing else
+        (no garbage collection, oversize release, expandable segments or
+        history), so that the kernel may fail what that path would; else 0."""
+        if (self.memory_limit is None or self._gc_enabled or self.max_split_size != UNLIMITED
+                or self.expandable_segments or self._history is not None):
+            return 0
+        return min(self.memory_limit, MAX_INT64)
+
+    def record_memory_history(self, enabled: bool = True, max_entries: int = sys.maxsize,
+                              clear_history: bool = False) -> None:
+        super().record_memory_history(enabled, max_entries, clear_history)
+        with self._lock:  # a failure recorded in the history is the slow path's
+            self._state[L.S_FAIL_LIMIT] = self._fail_limit()
+
+    record_memory_history.__doc__ = CachingBase.record_memory_history.__doc__
 
     # Fast paths: one kernel call each, lock-free first (kernels.guard), then
     # under the lock; everything unusual goes to CachingBase.
@@ -117,10 +140,14 @@ class CachingAllocator(TableStore, CachingBase):
         p = _ALLOCATE.call(self._state, num_bytes, False)
         if p > 0:
             return p
+        if p == _FAILED_HERE:
+            raise self._failed_here(num_bytes)
         with self._lock:
             p = _ALLOCATE.call(self._state, num_bytes, True)
             if p > 0:
                 return p
+            if p == _FAILED_HERE:
+                raise self._failed_here(num_bytes)
             # NOT_FOUND already counted a lookup on the GC clock: do not look again.
             if p == L.NOT_FOUND:
                 return self._malloc_slow(num_bytes)
@@ -172,13 +199,8 @@ class CachingAllocator(TableStore, CachingBase):
             self._lease_inputs = None  # the slots moved on: write them afresh
         failed = int(st[C.C_FAILED_HERE])
         if failed:
-            # What _malloc_slow_held counts on each: a retry after releasing
-            # the cache (a sync of every stream), and the failure.
             st[C.C_FAILED_HERE] = 0
-            events = self._events
-            events["num_alloc_retries"] += failed
-            events["num_sync_all_streams"] += failed
-            events["num_ooms"] += failed
+            self._count_failures(failed)
         released = int(st[C.C_RELEASED])
         if released:
             # After the segments made under the lease: one may be among these.
@@ -209,7 +231,36 @@ class CachingAllocator(TableStore, CachingBase):
 
     def _find_block(self, n: int) -> int:
         p = self._until_room(_ALLOCATE.call, n, True)
+        if p == _FAILED_HERE:
+            raise self._failed_here(n)
         return p if p > 0 else 0
+
+    def _failed_here(self, n: int) -> OutOfMemoryError:
+        """The error for a request the kernel failed itself (``FAILED_HERE``,
+        counted in ``C_FAILED_ALONE``): no lock needed, the counters are one
+        read of the state."""
+        st = self._state
+        return self._failure(n, st.item(L.S_FAILED_ROUNDED), self._stat_rows(),
+                             st.item(L.S_FAILED_LARGEST_FREE))
+
+    def _fingerprint_snapshot(self) -> list:
+        return self._snapshot_slots.tolist()
+
+    def _fold_kernel_failures(self) -> None:
+        st = self._state
+        failed = st.item(C.C_FAILED_ALONE)
+        if failed:
+            st[C.C_FAILED_ALONE] = 0
+            self._count_failures(failed)
+
+    def _count_failures(self, failed: int) -> None:
+        """Count ``failed`` failures a kernel decided, as ``_malloc_slow_held``
+        counts each: a retry after releasing the cache (a sync of every
+        stream), and the failure."""
+        events = self._events
+        events["num_alloc_retries"] += failed
+        events["num_sync_all_streams"] += failed
+        events["num_ooms"] += failed
 
     def _add_segment(self, ptr: int, size: int, pool: int) -> int:
         while True:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import abc
 import collections
 import contextlib
-import functools
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -144,6 +144,7 @@ class CachingBase(PooledAllocator):
         # run on this thread while it holds the lock; tables are consistent
         # between kernel calls, so a nested free is safe.
         self._lock = threading.RLock()
+        self._weak_self = weakref.ref(self)  # what its out-of-memory errors refer to
         self._events = dict.fromkeys(_COUNTER_NAMES, 0)
         self._history: collections.deque | None = None
 
@@ -220,6 +221,7 @@ class CachingBase(PooledAllocator):
         (and unlike its docstring) the count of allocations is ``allocation.*``.
         """
         with self._lock:
+            self._fold_kernel_failures()
             stats = self._stat_array().copy()
             events = dict(self._events)
         out: dict[str, int] = {}
@@ -625,17 +627,22 @@ class CachingBase(PooledAllocator):
 
     def _out_of_memory(self, n: int, alloc_size: int) -> OutOfMemoryError:
         self._events["num_ooms"] += 1
-        rows = self._stat_rows()
+        return self._failure(n, alloc_size, self._stat_rows(), None)
+
+    def _failure(self, n: int, alloc_size: int, rows: list,
+                 largest: int | None) -> OutOfMemoryError:
+        """The error for a failed request of a segment of ``alloc_size`` bytes,
+        given the statistics rows (``_stat_rows``) at the failure and the
+        largest free block if known."""
         total = self._backend.total_memory()
-        held = self._backend.bytes_held
-        device_free = None if total is None else max(total - held, 0)
+        device_free = None if total is None else max(total - self._backend.bytes_held, 0)
         if self._history is not None:
             self._trace("oom", device_free or 0, alloc_size)
         allocated, reserved = rows[ALLOCATED_BYTES][0], rows[RESERVED_BYTES][0]
         cached = reserved - allocated
-        limited = (self.memory_limit is not None and reserved + alloc_size > self.memory_limit
-                   and (device_free is None or device_free >= alloc_size))
-        if limited:
+        limit = self.memory_limit
+        if (limit is not None and reserved + alloc_size > limit
+                and (device_free is None or device_free >= alloc_size)):
             reason = "limit"
         elif cached >= alloc_size or cached > allocated:
             reason = "fragmentation"
@@ -643,16 +650,37 @@ class CachingBase(PooledAllocator):
             reason = "exhausted" if total is not None and device_free < alloc_size else "backend"
         if self._brief_oom:
             return _report.brief_oom(self._name, n, alloc_size, MIN_BLOCK_SIZE, reason)
-        # The counters now, the stats built from them on first read.
-        stats = _report.Deferred(self._stats_from, rows, self._largest_free(),
-                                 self._largest_alloc(), self.memory_limit or 0)
-        message = functools.partial(_oom_message, self._name, n, alloc_size, total, device_free,
-                                    self.memory_limit, stats, reason,
-                                    self.max_split_size == UNLIMITED)
-        return OutOfMemoryError(
-            message, allocator_name=self._name, num_bytes=n, rounded_bytes=alloc_size,
-            alignment=MIN_BLOCK_SIZE, stats=stats, reason=reason,
-            **_report.oom_report(self, None))
+        # The stats, the message and the report are built when someone reads them.
+        counters = (rows, self._largest_alloc(), total, device_free,
+                    self.max_split_size == UNLIMITED)
+        return OutOfMemoryError.deferred(
+            _report.Failure(self, counters, self._fingerprint_snapshot(),
+                            self._largest_free() if largest is None else largest, limit),
+            self._name, n, alloc_size, MIN_BLOCK_SIZE, reason)
+
+    @staticmethod
+    def _bin_summary(records: np.ndarray) -> list[dict]:
+        return []  # PyTorch's report has no size bins
+
+    @classmethod
+    def _failure_stats(cls, counters: tuple, largest: int, limit: int | None) -> AllocatorStats:
+        rows, largest_alloc = counters[0], counters[1]
+        return cls._stats_from(rows, largest, largest_alloc, limit or 0)
+
+    @staticmethod
+    def _failure_message(error: OutOfMemoryError, stats: AllocatorStats, counters: tuple,
+                         limit: int | None) -> str:
+        _, _, total, device_free, split_unlimited = counters
+        return _oom_message(error.allocator_name, error.num_bytes, error.rounded_bytes, total,
+                            device_free, limit, stats, error.reason, split_unlimited)
+
+    def _fold_kernel_failures(self) -> None:
+        """Add to the event counters the failures a kernel counted itself (none here)."""
+
+    def _fingerprint_snapshot(self):
+        """What ``report.Failure`` keeps to tell later whether the allocator
+        changed (None: nothing, the report is built at once)."""
+        return None
 
     def _trace(self, action: str, addr: int, size: int) -> None:
         self._history.append({"action": action, "addr": int(addr), "size": int(size),
@@ -710,6 +738,7 @@ class CachingBase(PooledAllocator):
         st = self._stat_array()
         st[:, :, _ALLOCATED] = 0
         st[:, :, _FREED] = 0
+        self._fold_kernel_failures()  # before they are zeroed with the rest
         for k in self._events:
             self._events[k] = 0
 

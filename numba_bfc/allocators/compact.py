@@ -147,6 +147,9 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
         self._state[S_RELEASE_THRESHOLD] = self.release_threshold
         self._state[S_SMALL_SIZE] = self.small_size
+        # Its out-of-memory path always gives back (BFC's garbage collection),
+        # which the kernel's check takes into account.
+        self._state[L.S_FAIL_LIMIT] = self.memory_limit
 
     def _open_lease(self, fail_quietly: bool = False) -> None:
         # Only where _grow_for's growth is the kernel's: a space that remaps,

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
-
 import numpy as np
 
-from ..errors import InvalidPointerError, OutOfMemoryError
+from ..errors import FailureRecord, InvalidPointerError, OutOfMemoryError
 from ..stats import format_bytes
 
 # One row per chunk, in address order: what ``memory_map`` and the renderers read.
@@ -115,21 +112,22 @@ def oom_message(name: str, num_bytes: int, rounded: int, alignment: int, stats,
     (``stats``: an ``AllocatorStats`` or a callable that builds it)."""
     if callable(stats):
         stats = stats()
-    free_in_pool = stats.bytes_reserved - stats.bytes_in_use
-    unallocated = limit - stats.bytes_reserved
-    why = {
-        "limit": f"the request is larger than the memory limit ({format_bytes(limit)})",
-        "fragmentation": (
-            f"fragmentation: {format_bytes(free_in_pool)} free in the pool and "
-            f"{format_bytes(unallocated)} not yet reserved, but the largest free chunk is "
-            f"{format_bytes(stats.largest_free_block_bytes)}"
-        ),
-        "exhausted": (
-            f"memory exhausted: {format_bytes(stats.bytes_in_use)} in use of a "
-            f"{format_bytes(limit)} limit"
-        ),
-        "backend": "the backend refused to provide more memory",
-    }[reason]
+    # Only the reason given is formatted: a message read on every failure
+    # (a retry loop that logs it) pays for one.
+    if reason == "limit":
+        why = f"the request is larger than the memory limit ({format_bytes(limit)})"
+    elif reason == "fragmentation":
+        why = (f"fragmentation: {format_bytes(stats.bytes_reserved - stats.bytes_in_use)} "
+               f"free in the pool and {format_bytes(limit - stats.bytes_reserved)} not yet "
+               f"reserved, but the largest free chunk is "
+               f"{format_bytes(stats.largest_free_block_bytes)}")
+    elif reason == "exhausted":
+        why = (f"memory exhausted: {format_bytes(stats.bytes_in_use)} in use of a "
+               f"{format_bytes(limit)} limit")
+    elif reason == "backend":
+        why = "the backend refused to provide more memory"
+    else:
+        raise ValueError(f"unknown out-of-memory reason {reason!r}")
     return (
         f"Allocator ({name}) ran out of memory trying to allocate {format_bytes(num_bytes)} "
         f"(rounded to {rounded}, alignment {alignment}): {why}. "
@@ -158,18 +156,6 @@ def invalid_pointer_error(name: str, records: np.ndarray, p: int) -> InvalidPoin
         f"{name}: {p:#x} was not allocated by this allocator", ptr=p, kind="unknown")
 
 
-def oom_report(allocator, summary: Callable[[np.ndarray], list[dict]] | None) -> dict:
-    """``OutOfMemoryError`` keywords for the bin summary (``summary(records)``,
-    or none) and occupancy map of ``allocator``: deferred to the first read
-    when the allocator has a ``_report_fingerprint``, else built now."""
-    fingerprint = allocator._report_fingerprint()
-    if fingerprint is None:
-        records = allocator._records()
-        return {"bin_summary": summary(records) if summary else [],
-                "occupancy": render_occupancy(records, allocator._region_list())}
-    return {"report": _DeferredReport(allocator, summary, fingerprint)}
-
-
 def brief_oom(name: str, num_bytes: int, rounded: int, alignment: int,
               reason: str) -> OutOfMemoryError:
     """An out-of-memory error with the request and the reason only (no stats,
@@ -181,44 +167,58 @@ def brief_oom(name: str, num_bytes: int, rounded: int, alignment: int,
         num_bytes=num_bytes, rounded_bytes=rounded, alignment=alignment, reason=reason)
 
 
-class Deferred:
-    """``build(*args)``, made on the first call and kept: what an
-    out-of-memory error carries instead of a value nobody may read (cheaper
-    to make than ``functools.cache`` of a partial)."""
+class Failure(FailureRecord):
+    """A failed allocation as taken at the failure: the allocator's counters
+    and largest free chunk, from which its ``OutOfMemoryError`` builds the
+    stats, the message and the report on first read.
 
-    __slots__ = ("_build", "_args", "_value")
+    The allocator's class (static methods, so that nothing holds the
+    allocator) builds the stats (``_failure_stats(counters, largest,
+    limit)``) and the message (``_failure_message(error, stats, counters,
+    limit)``), and summarises its bins (``_bin_summary(records)``);
+    ``fingerprint`` (what its ``_fingerprint_from`` makes its
+    ``_report_fingerprint`` from, at the failure; None if it has none: then
+    the report is built now) tells whether the allocator changed before the
+    report was read.
+    """
 
-    def __init__(self, build: Callable, *args) -> None:
-        self._build = build
-        self._args = args
+    __slots__ = ("_allocator", "_kind", "_counters", "_fingerprint", "_largest", "_limit",
+                 "_built", "_stats")
 
-    def __call__(self):
-        try:
-            return self._value
-        except AttributeError:
-            self._value = self._build(*self._args)
-            self._build = self._args = None
-            return self._value
-
-
-class _DeferredReport:
-    """``()`` -> ``(bin_summary, occupancy, stale)`` of an allocator, built at
-    the call; ``stale`` if it changed since ``fingerprint`` was taken."""
-
-    __slots__ = ("_allocator", "_summary", "_fingerprint")
-
-    def __init__(self, allocator, summary, fingerprint) -> None:
-        # Weak: a kept exception must not keep an allocator (and its memory) alive.
-        self._allocator = weakref.ref(allocator)
-        self._summary = summary
+    def __init__(self, allocator, counters, fingerprint, largest: int, limit) -> None:
+        # Weak (the allocator's own, made once): a kept exception must not keep
+        # an allocator (and its memory) alive.
+        self._allocator = allocator._weak_self
+        self._kind = allocator.__class__
+        self._counters = counters
         self._fingerprint = fingerprint
+        self._largest = largest
+        self._limit = limit
+        self._built = None if fingerprint is not None else self._build_report(allocator)
 
-    def __call__(self) -> tuple[list[dict], str, bool]:
+    def stats(self):
+        try:
+            return self._stats
+        except AttributeError:
+            self._stats = self._kind._failure_stats(self._counters, self._largest, self._limit)
+            return self._stats
+
+    def message(self, error: OutOfMemoryError) -> str:
+        return self._kind._failure_message(error, self.stats(), self._counters, self._limit)
+
+    def report(self) -> tuple[list[dict], str, bool]:
+        if self._built is not None:
+            return self._built
         allocator = self._allocator()
         if allocator is None:
             return [], "", True
         with allocator._lock:
-            records = allocator._records()
-            return (self._summary(records) if self._summary else [],
-                    render_occupancy(records, allocator._region_list()),
-                    allocator._report_fingerprint() != self._fingerprint)
+            return self._build_report(allocator)
+
+    def _build_report(self, allocator) -> tuple[list[dict], str, bool]:
+        records = allocator._records()
+        return (self._kind._bin_summary(records),
+                render_occupancy(records, allocator._region_list()),
+                self._fingerprint is not None
+                and allocator._report_fingerprint() != self._kind._fingerprint_from(
+                    self._fingerprint))

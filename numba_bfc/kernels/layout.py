@@ -113,6 +113,18 @@ S_PEAK_POOL_BYTES = 6
 S_FREE_HEAD = 7  # head of the free-handle list
 S_FREE_ROWS = 8  # rows on the free-handle list
 S_MAP_COUNT = 9  # keys in the pointer map = allocations in use
+# The largest free chunk when a single call's allocation kernel last failed
+# the allocation itself (``FAILED_HERE``): what the error's stats report.
+S_FAILED_LARGEST_FREE = 10
+# The memory limit while a single call's allocation kernel may fail an
+# allocation itself, where the façade's slow path could only fail, changing
+# nothing (each policy says when: ``fails_without_growth`` in
+# ``policies.bfc``, ``fails_whatever_given_back`` in ``policies.compact``);
+# 0 while it may not.
+S_FAIL_LIMIT = 11
+# The size the kernel's ``FAILED_HERE`` failed, rounded as the policy's error
+# reports it (the caching policy: the segment it would have needed).
+S_FAILED_ROUNDED = 22
 S_MAX_INTERNAL_FRAGMENTATION = 12  # BFC split threshold, bytes
 S_MIN_ALLOCATION = 13  # rounding quantum (256 for BFC)
 S_TSQ_HEAD = 14  # timestamped-chunk queue (ring buffer) head
@@ -148,9 +160,11 @@ NOT_FOUND = -2  # no free chunk fits: the façade extends the pool or fails
 INVALID_POINTER = -3  # not a live allocation
 TABLES_BUSY = -5  # a lock-free call stepped aside: the façade retries under its lock
 GREW_NOT_FOUND = -7  # grown by the kernel under an address lease, and still no fit
-#: The allocation fails, and the kernel failed it itself: under a lease that
-#: allows it (a replay's failures after its first), where the façade's slow
-#: path would change nothing but counters, which the kernel counts instead.
+#: The allocation fails, and the kernel failed it itself, where the façade's
+#: slow path would change nothing but counters: in a batch, under a lease
+#: that allows it (a replay's failures after its first; the kernel counts
+#: them); in a single call, where the policy's state allows it (the façade
+#: raises at once).
 FAILED_HERE = -8
 
 # Rows every mutating kernel may consume in one call (padding split,

@@ -16,6 +16,7 @@ from ..kernels.chunks import (
     HONOUR_TIMESTAMPS,
     bin_for_size,
     insert_free,
+    largest_free_chunk,
     queue_timestamped,
     remove_free,
     room_for_operation,
@@ -26,11 +27,14 @@ from ..kernels.chunks import (
 from ..kernels.guard import may_proceed, table_views
 from ..kernels.jit import inner, njit, operation
 from ..kernels.layout import (
+    FAILED_HERE,
     INVALID_POINTER,
     NEED_ROWS,
     NO_HANDLE,
     NOT_FOUND,
     S_BYTES_IN_USE,
+    S_FAIL_LIMIT,
+    S_FAILED_LARGEST_FREE,
     S_LARGEST_ALLOC_SIZE,
     S_MAX_INTERNAL_FRAGMENTATION,
     S_MIN_ALLOCATION,
@@ -38,6 +42,7 @@ from ..kernels.layout import (
     S_NUM_ALLOCS,
     S_NUM_BINS,
     S_PEAK_BYTES_IN_USE,
+    S_POOL_BYTES,
     S_TSQ_COUNT,
     TABLES_BUSY,
 )
@@ -201,15 +206,40 @@ def bfc_deallocate_timestamped(chunks, bins, regions, pmap, state, tsq, ptr, cou
     return chunks[h]["size"]
 
 
+@njit(cache=True, inline="always")
+def fails_without_growth(state, rounded, freed_before):
+    """True if the façade's slow path (``BFCBase._allocate_slow``) would fail a
+    request of ``rounded`` bytes that no free chunk fits, changing nothing:
+    the pool cannot grow by ``rounded`` bytes within the limit (TF's
+    ``Extend`` refuses before it asks the backend) and no timestamped chunk
+    waits to be merged. The façade allows it (``S_FAIL_LIMIT``) only without
+    garbage collection, its one other step."""
+    limit = state[S_FAIL_LIMIT]
+    quantum = state[S_MIN_ALLOCATION]
+    return (limit > 0 and rounded > (limit - state[S_POOL_BYTES]) // quantum * quantum
+            and (freed_before != 0 or state[S_TSQ_COUNT] == 0))
+
+
 @operation
 def bfc_allocate_op(state, num_bytes, alignment, freed_before, locked):
     """``bfc_allocate`` on the tables the state records. With ``locked``
     false (a caller without the façade's lock) it answers ``TABLES_BUSY``,
-    changing nothing, while the lock is held (``kernels.guard``)."""
+    changing nothing, while the lock is held (``kernels.guard``).
+
+    Where no chunk fits and the slow path could only fail
+    (``fails_without_growth``), it answers ``FAILED_HERE`` and records the
+    largest free chunk in ``state[S_FAILED_LARGEST_FREE]``; nothing else
+    changes.
+    """
     if not may_proceed(state, locked):
         return TABLES_BUSY
     chunks, bins, regions, pmap, _, st = table_views(state)
-    return bfc_allocate(chunks, bins, regions, pmap, st, num_bytes, alignment, freed_before)
+    p = bfc_allocate(chunks, bins, regions, pmap, st, num_bytes, alignment, freed_before)
+    if p == NOT_FOUND and fails_without_growth(st, round_up(num_bytes, st[S_MIN_ALLOCATION]),
+                                               freed_before):
+        st[S_FAILED_LARGEST_FREE] = largest_free_chunk(chunks, bins)
+        return FAILED_HERE
+    return p
 
 
 @operation

@@ -24,6 +24,7 @@ from ..kernels.chunks import (
     SEPARATE_REGIONS,
     add_region,
     insert_free,
+    largest_free_chunk,
     merge_chunks,
     open_region,
     region_in_use,
@@ -43,6 +44,9 @@ from ..kernels.layout import (
     NEED_ROWS,
     NO_HANDLE,
     NOT_FOUND,
+    S_FAIL_LIMIT,
+    S_FAILED_LARGEST_FREE,
+    S_FAILED_ROUNDED,
     S_FREE_ROWS,
     S_LARGEST_ALLOC_SIZE,
     S_LEASE_SPENT,
@@ -123,7 +127,10 @@ C_FAILED_HERE = C_FAIL_QUIETLY + 1  # how many the kernel failed (the façade co
 C_RELEASED = C_FAILED_HERE + 1  # segments released...
 C_RELEASE_LOG = C_RELEASED + 1  # ...(base, size) each, in the order released
 RELEASE_LOG_SIZE = 16  # more to release at once: the façade's slow path does it
-CACHING_STATE_SIZE = C_RELEASE_LOG + 2 * RELEASE_LOG_SIZE
+# Single calls the kernel failed itself (``caching_allocate_op``), counted apart
+# from a batch's: the façade adds them to its counters when it reads them.
+C_FAILED_ALONE = C_RELEASE_LOG + 2 * RELEASE_LOG_SIZE
+CACHING_STATE_SIZE = C_FAILED_ALONE + 1
 
 
 @njit(cache=True, inline="always")
@@ -388,6 +395,18 @@ def _released_before(regions, a, b):
     if regions[a]["size"] != regions[b]["size"]:
         return regions[a]["size"] < regions[b]["size"]
     return regions[a]["base"] < regions[b]["base"]
+
+
+@inner
+def nothing_to_release(chunks, regions, state):
+    """True if PyTorch's release of the cached segments (``_release_cached_blocks``)
+    finds none wholly free."""
+    if state[C_STATS + ALLOCATED_BYTES * 12] == state[C_STATS + RESERVED_BYTES * 12]:
+        return True  # nothing is cached
+    for r in range(regions.shape[0]):
+        if regions[r]["size"] > 0 and not region_in_use(chunks, regions, r):
+            return False
+    return True
 
 
 @inner
@@ -662,13 +681,31 @@ def caching_allocate_op(state, requested, locked):
     false (a caller without the façade's lock) it answers ``TABLES_BUSY``,
     changing nothing, while the lock is held (``kernels.guard``), and while
     the GC age clock runs, because a missed lookup counts on it and the
-    locked retry would count it twice."""
+    locked retry would count it twice.
+
+    Where the façade allows it (``S_FAIL_LIMIT``: a memory limit, and no
+    step in its slow path but PyTorch's new segment, release of the cached
+    segments and retry), and the new segment is over the limit with no cached
+    segment wholly free to release, it answers ``FAILED_HERE``: counted in
+    ``state[C_FAILED_ALONE]``, the segment's
+    size in ``state[S_FAILED_ROUNDED]`` and the largest free block in
+    ``state[S_FAILED_LARGEST_FREE]``; nothing else changes.
+    """
     if not locked and state[C_GC_ACTIVE]:
         return TABLES_BUSY
     if not may_proceed(state, locked):
         return TABLES_BUSY
     chunks, bins, regions, pmap, _, st = table_views(state)
-    return caching_allocate(chunks, bins, regions, pmap, st, requested)
+    p = caching_allocate(chunks, bins, regions, pmap, st, requested)
+    if p == NOT_FOUND and st[S_FAIL_LIMIT] > 0:
+        alloc_size = allocation_size(round_size(requested, st))
+        if (alloc_size > st[S_FAIL_LIMIT] - st[C_STATS + RESERVED_BYTES * 12]
+                and nothing_to_release(chunks, regions, st)):
+            st[C_FAILED_ALONE] += 1
+            st[S_FAILED_LARGEST_FREE] = largest_free_chunk(chunks, bins)
+            st[S_FAILED_ROUNDED] = alloc_size
+            return FAILED_HERE
+    return p
 
 
 @operation

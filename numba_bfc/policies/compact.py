@@ -41,11 +41,14 @@ from ..kernels.layout import (
     NOT_FOUND,
     ROWS_PER_OPERATION,
     S_BYTES_IN_USE,
+    S_FAIL_LIMIT,
+    S_FAILED_LARGEST_FREE,
     S_FREE_ROWS,
     S_MIN_ALLOCATION,
     S_NUM_REGIONS,
     S_POOL_BYTES,
     S_SPACE_BINS,
+    S_TSQ_COUNT,
     STATE_SIZE,
     TABLES_BUSY,
 )
@@ -131,6 +134,26 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
     return GREW_NOT_FOUND if p == NOT_FOUND else p
 
 
+@njit(cache=True, inline="always")
+def no_room_whatever_given_back(state, rounded, limit):
+    """True if a request of ``rounded`` bytes fits nowhere within ``limit``
+    even with every free byte given back: the façade's growth is over the
+    limit (its top's free tail plus any growth within the limit is at most
+    ``limit`` less the bytes in use), and its release skips its passes
+    (``_release_free_regions``)."""
+    return rounded > limit - state[S_BYTES_IN_USE]
+
+
+@njit(cache=True, inline="always")
+def fails_whatever_given_back(state, rounded, freed_before):
+    """A single call's ``fails_for_certain``, where the façade allows it
+    (``S_FAIL_LIMIT``): no room whatever is given back, no timestamped chunk
+    waits to be merged, and no give-back is due (the slow path would do it)."""
+    limit = state[S_FAIL_LIMIT]
+    return (limit > 0 and no_room_whatever_given_back(state, rounded, limit)
+            and state[S_RELEASE_DUE] == 0 and (freed_before != 0 or state[S_TSQ_COUNT] == 0))
+
+
 @inner
 def fails_for_certain(chunks, bins, regions, state, space, rounded, need):
     """True if the façade's slow path would fail a request of ``rounded``
@@ -141,7 +164,7 @@ def fails_for_certain(chunks, bins, regions, state, space, rounded, need):
     and with every space remapping (``S_QUIET_PAGE``) no free chunk holds a
     whole page, so its release finds nothing to give back.
     """
-    if rounded > state[S_LEASE_LIMIT] - state[S_BYTES_IN_USE]:
+    if no_room_whatever_given_back(state, rounded, state[S_LEASE_LIMIT]):
         return True
     page = state[S_QUIET_PAGE]
     if page == 0:
@@ -251,12 +274,22 @@ def compact_deallocate(chunks, bins, regions, pmap, state, ptr):
 def compact_allocate_op(state, num_bytes, alignment, freed_before, locked):
     """``compact_allocate`` on the tables the state records. With ``locked``
     false (a caller without the façade's lock) it answers ``TABLES_BUSY``,
-    changing nothing, while the lock is held (``kernels.guard``)."""
+    changing nothing, while the lock is held (``kernels.guard``).
+
+    Where no chunk fits and the slow path could only fail
+    (``fails_whatever_given_back``), it answers ``FAILED_HERE`` and records
+    the largest free chunk in ``state[S_FAILED_LARGEST_FREE]``; nothing else
+    changes.
+    """
     if not may_proceed(state, locked):
         return TABLES_BUSY
     chunks, bins, regions, pmap, _, st = table_views(state)
-    return compact_allocate(chunks, bins, regions, pmap, st, num_bytes, alignment,
-                            freed_before)
+    p = compact_allocate(chunks, bins, regions, pmap, st, num_bytes, alignment, freed_before)
+    if p == NOT_FOUND and fails_whatever_given_back(
+            st, round_up(num_bytes, st[S_MIN_ALLOCATION]), freed_before):
+        st[S_FAILED_LARGEST_FREE] = largest_free_chunk(chunks, bins)
+        return FAILED_HERE
+    return p
 
 
 @operation
