@@ -7,10 +7,11 @@ import numpy as np
 from ..framework.validate import MAX_INT64
 from ..kernels import layout as L
 from ..kernels.operations import (
-    free_head_end_op,
     free_tail_start_op,
     join_regions_op,
+    page_runs_op,
     punch_region_op,
+    space_regions_op,
     trim_region_op,
 )
 from ..policies.batch import run_batch_compact
@@ -43,10 +44,11 @@ __all__ = ["CompactAllocator"]
 
 _TOP_REGION_TAIL = Kernel(top_region_tail_op)
 _FREE_TAIL_START = Kernel(free_tail_start_op)
-_FREE_HEAD_END = Kernel(free_head_end_op)
 _PUNCH_REGION = Kernel(punch_region_op)
 _JOIN_REGIONS = Kernel(join_regions_op)
 _TRIM_REGION = Kernel(trim_region_op)
+_PAGE_RUNS = Kernel(page_runs_op)
+_SPACE_REGIONS = Kernel(space_regions_op)
 
 
 class CompactAllocator(CompactGrowth, BFCAllocator):
@@ -147,6 +149,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
         self._state[S_RELEASE_THRESHOLD] = self.release_threshold
         self._state[S_SMALL_SIZE] = self.small_size
+        self._runs_out = np.empty((64, 3), dtype=np.int64)  # _page_runs' rows, grown as needed
         # Its out-of-memory path always gives back (BFC's garbage collection),
         # which the kernel's check takes into account.
         self._state[L.S_FAIL_LIMIT] = self.memory_limit
@@ -219,13 +222,15 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     def _space_of(self, base: int) -> int:
         return int(self._regions[self._row(base)]["bin"])
 
-    def _head_end(self, base: int) -> int:
-        return int(_FREE_HEAD_END.call(self._state, self._row(base)))
+    def _page_runs(self, space: int, quantum: int) -> list[tuple[int, int, int]]:
+        out = self._runs_out
+        while (n := _PAGE_RUNS.call(self._state, space, quantum, out)) < 0:
+            out = self._runs_out = np.empty((2 * out.shape[0], 3), dtype=np.int64)
+        return [tuple(run) for run in out[:n].tolist()]
 
-    def _space_regions(self, space: int) -> list[tuple[int, int]]:
-        regions = self._regions[(self._regions["size"] > 0) & (self._regions["bin"] == space)]
-        regions = np.sort(regions[["base", "size"]], order="base")
-        return list(zip(regions["base"].tolist(), regions["size"].tolist()))
+    def _space_regions(self, space: int) -> list[tuple[int, int, int, int]]:
+        out = np.empty((self._regions.shape[0], 4), dtype=np.int64)
+        return [tuple(row) for row in out[:_SPACE_REGIONS.call(self._state, space, out)].tolist()]
 
     def _punch_region(self, base: int, lo: int, hi: int, left_last_piece: int) -> None:
         r = self._row(base)

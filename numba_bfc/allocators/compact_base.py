@@ -224,13 +224,13 @@ class CompactGrowth:
         head of the region above, and one filling the hole and joining both."""
         out = []
         regions = self._space_regions(space)
-        for (a_base, a_size), (b_base, _b) in zip(regions, regions[1:]):
+        for (a_base, a_size, a_tail, _), (b_base, _, _, b_head) in zip(regions, regions[1:]):
             a_end = a_base + a_size
             hole = b_base - a_end
             if hole <= 0:
                 continue
-            below = a_end - self._tail_start(a_base, a_end)
-            above = self._head_end(b_base) - b_base
+            below = a_end - a_tail
+            above = b_head - b_base
             left = _round_up(max(need - below, 1), quantum)
             right = _round_up(max(need - above, 1), quantum)
             if left < hole:
@@ -347,6 +347,8 @@ class CompactGrowth:
 
     def _release_all_tails(self) -> int:
         # Spaces that remap give back more, page by page (``_punch``).
+        if all(self._remaps(sp) for sp in (LARGE_SPACE, SMALL_SPACE)):
+            return 0
         return sum(self._release_tail(base) for base, _ in self._region_list()
                    if not self._remaps(self._space_of(base)))
 
@@ -359,20 +361,9 @@ class CompactGrowth:
         # on the out-of-memory path, and this saves the pass over every chunk.
         if not spaces or self._largest_free() < min(self._quantum(sp) for sp in spaces):
             return ranges
-        records = self._records()
-        records = records[~records["in_use"]]
-        # Free, binned and not waiting on a timing count, as a releasable tail.
-        records = records[(records["bin"] >= 0) & (records["freed_at_count"] == 0)]
         for sp in spaces:
-            quantum = self._quantum(sp)
-            for base, size in self._space_regions(sp):
-                inside = records[(records["address"] >= base)
-                                 & (records["address"] < base + size)]
-                for addr, nbytes in zip(inside["address"].tolist(), inside["size"].tolist()):
-                    lo = _round_up(addr, quantum)
-                    hi = (addr + nbytes) // quantum * quantum
-                    if hi > lo:
-                        ranges.append((sp, base, lo, hi))
+            ranges += [(sp, base, lo, hi)
+                       for base, lo, hi in self._page_runs(sp, self._quantum(sp))]
         return ranges
 
     def _punch(self, ranges: list[tuple[int, int, int, int]]) -> int:
@@ -429,6 +420,13 @@ class CompactGrowth:
 
     # ------------------------------------------------------------------ store hooks
     @abc.abstractmethod
+    def _page_runs(self, space: int, quantum: int) -> list[tuple[int, int, int]]:
+        """``(region base, lo, hi)`` of every run of whole ``quantum``-byte pages
+        inside the free chunks of ``space`` that could go back to the backend
+        (free, binned and not waiting on a timing count), in any order."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
     def _configure_compact(self) -> None:
         raise NotImplementedError
 
@@ -443,13 +441,10 @@ class CompactGrowth:
         raise NotImplementedError
 
     @abc.abstractmethod
-    def _head_end(self, base: int) -> int:
-        """Where the free head of the region at ``base`` ends (``base`` if none)."""
-        raise NotImplementedError
-
-    @abc.abstractmethod
-    def _space_regions(self, space: int) -> list[tuple[int, int]]:
-        """``[(base, size), ...]`` of the space's regions in address order."""
+    def _space_regions(self, space: int) -> list[tuple[int, int, int, int]]:
+        """``[(base, size, tail_start, head_end), ...]`` of the space's regions in
+        address order: where each one's free tail starts (``_tail_start``) and
+        where its free head ends (its base if none)."""
         raise NotImplementedError
 
     @abc.abstractmethod

@@ -303,15 +303,73 @@ def remove_region(chunks, bins, regions, state, r):
     return size
 
 
+@njit(cache=True, inline="always")
+def releasable(chunks, h):
+    """True if chunk ``h``'s memory could go back to the backend: free, binned
+    and not waiting on a timing count."""
+    return (chunks[h]["allocation_id"] == -1 and chunks[h]["bin"] != NO_HANDLE
+            and chunks[h]["freed_at_count"] == 0)
+
+
 @inner
 def free_tail_start(chunks, regions, r):
     """Address of region ``r``'s last chunk if it could go back to the backend
-    (free, binned and not waiting on a timing count), else the region's end."""
+    (``releasable``), else the region's end."""
     h = regions[r]["last"]
-    if (chunks[h]["allocation_id"] != -1 or chunks[h]["bin"] == NO_HANDLE
-            or chunks[h]["freed_at_count"] != 0):
+    if not releasable(chunks, h):
         return regions[r]["base"] + regions[r]["size"]
     return chunks[h]["ptr"]
+
+
+@inner
+def space_regions(chunks, regions, space, out):
+    """The regions whose bin is ``space``, in address order: ``(base, size,
+    free_tail_start, free_head_end)`` into the rows of ``out``. Returns how
+    many, or -1 if ``out`` has too few rows."""
+    n = 0
+    for r in range(regions.shape[0]):
+        if regions[r]["size"] <= 0 or regions[r]["bin"] != space:
+            continue
+        if n == out.shape[0]:
+            return -1
+        base = regions[r]["base"]
+        j = n  # insertion in address order: a space has few regions
+        while j > 0 and out[j - 1, 0] > base:
+            for k in range(4):
+                out[j, k] = out[j - 1, k]
+            j -= 1
+        out[j, 0] = base
+        out[j, 1] = regions[r]["size"]
+        out[j, 2] = free_tail_start(chunks, regions, r)
+        out[j, 3] = free_head_end(chunks, regions, r)
+        n += 1
+    return n
+
+
+@inner
+def page_runs(chunks, regions, space, quantum, out):
+    """The runs of whole ``quantum``-byte pages inside the ``releasable`` chunks
+    of the regions whose bin is ``space``: ``(region base, lo, hi)`` into the
+    rows of ``out``, in region-row then address order. Returns how many, or
+    -1 if ``out`` has too few rows."""
+    n = 0
+    for r in range(regions.shape[0]):
+        if regions[r]["size"] <= 0 or regions[r]["bin"] != space:
+            continue
+        h = regions[r]["first"]
+        while h != NO_HANDLE:
+            if releasable(chunks, h):
+                lo = round_up(chunks[h]["ptr"], quantum)
+                hi = (chunks[h]["ptr"] + chunks[h]["size"]) // quantum * quantum
+                if hi > lo:
+                    if n == out.shape[0]:
+                        return -1
+                    out[n, 0] = regions[r]["base"]
+                    out[n, 1] = lo
+                    out[n, 2] = hi
+                    n += 1
+            h = chunks[h]["next"]
+    return n
 
 
 @inner
@@ -529,7 +587,6 @@ def free_head_end(chunks, regions, r):
     """Where region ``r``'s first chunk ends if it is free, binned and not
     waiting on a timing count, else the region's base."""
     h = regions[r]["first"]
-    if (chunks[h]["allocation_id"] != -1 or chunks[h]["bin"] == NO_HANDLE
-            or chunks[h]["freed_at_count"] != 0):
+    if not releasable(chunks, h):
         return regions[r]["base"]
     return chunks[h]["ptr"] + chunks[h]["size"]

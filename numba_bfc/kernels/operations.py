@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from .chunks import (
     add_region,
-    free_head_end,
     free_region_rows,
     free_tail_start,
     join_regions,
     largest_free_chunk,
     merge_timestamped_chunks,
+    page_runs,
     punch_region,
     remove_region,
+    space_regions,
     trim_region,
 )
 from .guard import table_views
@@ -47,6 +48,20 @@ def free_region_rows_op(state, out):
 
 
 @operation
+def space_regions_op(state, space, out):
+    """``chunks.space_regions`` on the recorded tables."""
+    chunks, _, regions, _, _, _ = table_views(state)
+    return space_regions(chunks, regions, space, out)
+
+
+@operation
+def page_runs_op(state, space, quantum, out):
+    """``chunks.page_runs`` on the recorded tables."""
+    chunks, _, regions, _, _, _ = table_views(state)
+    return page_runs(chunks, regions, space, quantum, out)
+
+
+@operation
 def largest_free_chunk_op(state):
     """``chunks.largest_free_chunk`` on the recorded tables."""
     chunks, bins, _, _, _, _ = table_views(state)
@@ -66,13 +81,6 @@ def free_tail_start_op(state, r):
     """``chunks.free_tail_start`` on the recorded tables."""
     chunks, _, regions, _, _, _ = table_views(state)
     return free_tail_start(chunks, regions, r)
-
-
-@operation
-def free_head_end_op(state, r):
-    """``chunks.free_head_end`` on the recorded tables."""
-    chunks, _, regions, _, _, _ = table_views(state)
-    return free_head_end(chunks, regions, r)
 
 
 @operation

@@ -60,8 +60,23 @@ class ReferenceCompactAllocator(CompactGrowth, ReferenceBFCAllocator):
         c = self._region_map[base].first
         return c.ptr + c.size if self._releasable(c) else base
 
-    def _space_regions(self, space: int) -> list[tuple[int, int]]:
-        return [(b, r.size) for b, r in self._region_map.items() if r.pool == space]
+    def _page_runs(self, space: int, quantum: int) -> list[tuple[int, int, int]]:
+        runs = []
+        for base, region in self._region_map.items():
+            if region.pool != space:
+                continue
+            c = region.first
+            while c is not None:
+                lo = -(-c.ptr // quantum) * quantum
+                hi = (c.ptr + c.size) // quantum * quantum
+                if self._releasable(c) and hi > lo:
+                    runs.append((base, lo, hi))
+                c = c.next
+        return runs
+
+    def _space_regions(self, space: int) -> list[tuple[int, int, int, int]]:
+        return [(b, r.size, self._tail_start(b, b + r.size), self._head_end(b))
+                for b, r in self._region_map.items() if r.pool == space]
 
     def _punch_region(self, base: int, lo: int, hi: int, left_last_piece: int) -> None:
         region = self._region_map[base]
