@@ -13,7 +13,7 @@ from ..policies.bfc import bfc_allocate_op, bfc_deallocate_op, bfc_deallocate_ti
 from ..stats import AllocatorStats
 from ._fastcall import Kernel
 from ._tables import LARGEST_FREE_CHUNK, REMOVE_REGION, TableStore
-from .bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase
+from .bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase, round_bytes
 
 __all__ = ["BFCAllocator"]
 
@@ -143,6 +143,18 @@ class BFCAllocator(TableStore, BFCBase):
 
     def _largest_request(self) -> int:
         return self._memory_limit
+
+    def _grow_for(self, n: int, alignment: int) -> bool | None:
+        # A batch's common slow path, kept short: the slow path's first growth,
+        # then the batch kernel retries (and a miss goes on with
+        # ``_serve_after_growth``); so a replay never needs the single-call kernel.
+        if self._timestamps_used:
+            return None
+        self._backend_refused = False
+        return self._extend(max(alignment, MIN_ALLOCATION), round_bytes(n))
+
+    def _serve_after_growth(self, n: int, alignment: int) -> int:
+        return self._allocate_slow(n, alignment, 0, extended=True)
 
     def _request_too_large(self, n: int, alignment: int):
         return self._out_of_memory(n, 0, alignment, "limit")

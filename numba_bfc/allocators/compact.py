@@ -37,7 +37,7 @@ from ..policies.compact import (
 from ._fastcall import Kernel
 from ._tables import REMOVE_REGION
 from .bfc import BFCAllocator
-from .bfc_base import MIN_ALLOCATION, round_bytes
+from .bfc_base import MIN_ALLOCATION
 from .compact_base import CompactGrowth
 
 __all__ = ["CompactAllocator"]
@@ -125,17 +125,6 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         super().deallocate_raw(ptr)
 
     deallocate_raw.__doc__ = CompactGrowth.deallocate_raw.__doc__
-
-    def _grow_for(self, n: int, alignment: int) -> bool | None:
-        # A batch's common slow path, kept short: the slow path's first growth,
-        # then the kernel retries (and a miss goes on with ``_serve_after_growth``).
-        if self._timestamps_used:
-            return None
-        self._backend_refused = False
-        return self._extend(max(alignment, MIN_ALLOCATION), round_bytes(n))
-
-    def _serve_after_growth(self, n: int, alignment: int) -> int:
-        return self._allocate_slow(n, alignment, 0, extended=True)
 
     def _serve_after_lease_growth(self, n: int, alignment: int) -> int:
         self._backend_refused = False  # the kernel's growth took its first try

@@ -395,7 +395,7 @@ def trim_region(chunks, bins, regions, state, r, new_end, last_piece):
     return cut
 
 
-@inner
+@njit(cache=True, inline="always")  # see tree_max
 def largest_free_chunk(chunks, bins):
     """Size of the largest free chunk in any bin (TF's ``LargestFreeChunk``).
 

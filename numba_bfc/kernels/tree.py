@@ -177,7 +177,9 @@ def tree_successor(chunks, h):
     return p
 
 
-@helper
+# Inlined by Numba: a function compiled on its own costs more at a cold start
+# than its few statements typed in each caller.
+@njit(cache=True, inline="always")
 def tree_max(chunks, root):
     """Last chunk in order (the largest, highest address among equals), or -1."""
     x = root

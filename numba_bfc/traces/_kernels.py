@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..kernels.jit import njit
 
 ALLOC = 0
@@ -20,22 +18,21 @@ SIZE_MISMATCH = 6
 
 
 @njit(cache=True)
-def pair_events(ops, dense_ids, sizes, num_ids, stop_at_first):
+def pair_events(ops, dense_ids, sizes, live, seen, status, partner, stop_at_first):
     """Pair every free with the allocation it frees.
 
-    ``dense_ids`` are the events' ids renumbered ``0..num_ids-1``. Returns
-    ``(status, partner, first_bad)``: ``status[i]`` is ``OK`` or the problem
-    code of event ``i`` (a bad event is ignored by the pairing, so later
-    events are judged as if it were not there); ``partner[i]`` is, for a good
-    free, the index of its allocation and, for an allocation, the index of its
-    free (-1 if never freed); ``first_bad`` is the index of the first bad event
-    or -1. With ``stop_at_first`` the pass ends at the first bad event.
+    ``dense_ids`` are the events' ids renumbered ``0..num_ids-1``; ``live``
+    (-1s) and ``seen`` (0s) have ``num_ids`` entries, ``status`` (0s) and
+    ``partner`` (-1s) one per event: the caller makes them, so that no
+    NumPy allocation is compiled into the kernel. Fills ``status[i]`` with
+    ``OK`` or the problem code of event ``i`` (a bad event is ignored by the
+    pairing, so later events are judged as if it were not there) and
+    ``partner[i]`` with, for a good free, the index of its allocation and,
+    for an allocation, the index of its free (-1 if never freed). Returns the
+    index of the first bad event or -1. With ``stop_at_first`` the pass ends
+    at the first bad event.
     """
     n = ops.shape[0]
-    live = np.full(num_ids, -1, dtype=np.int64)
-    seen = np.zeros(num_ids, dtype=np.uint8)
-    status = np.zeros(n, dtype=np.int8)
-    partner = np.full(n, -1, dtype=np.int64)
     first_bad = -1
     for i in range(n):
         d = dense_ids[i]
@@ -66,4 +63,4 @@ def pair_events(ops, dense_ids, sizes, num_ids, stop_at_first):
                 first_bad = i
                 if stop_at_first:
                     break
-    return status, partner, first_bad
+    return first_bad

@@ -220,8 +220,12 @@ class Trace:
         if self._pairing is None:
             ops, ids, sizes = self.ops, self.ids, self.sizes
             uniq, dense = np.unique(ids, return_inverse=True)
-            status, partner, first_bad = K.pair_events(
-                ops, dense.astype(np.int64).ravel(), sizes, uniq.shape[0], False)
+            status = np.zeros(len(ops), dtype=np.int8)
+            partner = np.full(len(ops), -1, dtype=np.int64)
+            first_bad = K.pair_events(ops, dense.astype(np.int64).ravel(), sizes,
+                                      np.full(uniq.shape[0], -1, dtype=np.int64),
+                                      np.zeros(uniq.shape[0], dtype=np.uint8), status, partner,
+                                      False)
             self._pairing = (status, partner, int(first_bad))
         return self._pairing
 
