@@ -590,16 +590,65 @@ def _seg_set(tree, size, pos, value):
         i //= 2
 
 
-@njit(cache=True)
 def greedy_by_size_offsets(sizes, firsts, lasts, alignment):
     """GREEDY_BY_SIZE offsets (TFLite ``GreedyBySizeAssignment``): tensors by
-    size descending (stable) through ``best_fit_offsets``."""
-    return best_fit_offsets(sizes, firsts, lasts, alignment, _size_rank_order(sizes))
+    size descending (stable, as ``_size_rank_order``) through
+    ``best_fit_offsets``. Not a kernel: NumPy sorts here, as the kernels' own
+    sort costs about 2 s of compiling at a cold start."""
+    return best_fit_offsets(sizes, firsts, lasts, alignment, np.argsort(-sizes, kind="stable"),
+                            np.argsort(firsts, kind="stable"))
 
 
 @njit(cache=True)
-def best_fit_offsets(sizes, firsts, lasts, alignment, order):
-    """Best-fit gap placement of the tensors in ``order``.
+def _sort_by_offset(cand, offsets, seq, tmp):
+    """Sort ``cand`` by ``(offsets, seq)`` (a merge sort, ``tmp`` as long as
+    ``cand``): the order two stable sorts, by ``seq`` then by ``offsets``, give.
+    Written out because Numba's own ``argsort`` costs over a second to
+    compile at a cold start."""
+    n = cand.shape[0]
+    src, dst = cand, tmp[:n]
+    width = 1
+    swapped = False
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            i, j = lo, mid
+            for k in range(lo, hi):
+                if j < hi and (i == mid or offsets[src[j]] < offsets[src[i]]
+                               or (offsets[src[j]] == offsets[src[i]]
+                                   and seq[src[j]] < seq[src[i]])):
+                    dst[k] = src[j]
+                    j += 1
+                else:
+                    dst[k] = src[i]
+                    i += 1
+        src, dst = dst, src
+        swapped = not swapped
+        width *= 2
+    if swapped:
+        for k in range(n):  # a loop: slice assignment compiles its shape checks
+            cand[k] = src[k]
+
+
+@njit(cache=True)
+def _count_at_most(sorted_values, value):
+    """How many of ``sorted_values`` (ascending) are <= ``value``
+    (``searchsorted(..., side="right")``)."""
+    lo, hi = 0, sorted_values.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sorted_values[mid] <= value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
+def best_fit_offsets(sizes, firsts, lasts, alignment, order, by_first):
+    """Best-fit gap placement of the tensors in ``order``; ``by_first``: the
+    tensors by ``first``, stable (NumPy's ``argsort(firsts, kind="stable")``).
 
     Each goes into the smallest gap, lowest
     offset first, between the placed tensors whose lifetime meets its own.
@@ -615,7 +664,6 @@ def best_fit_offsets(sizes, firsts, lasts, alignment, order):
     seq = np.zeros(n, dtype=np.int64)
     if n == 0:
         return offsets, 0
-    by_first = np.argsort(firsts, kind="mergesort")
     pos = np.empty(n, dtype=np.int64)
     sorted_first = np.empty(n, dtype=np.int64)
     for k in range(n):
@@ -626,12 +674,13 @@ def best_fit_offsets(sizes, firsts, lasts, alignment, order):
         size *= 2
     tree = np.full(2 * size, -1, dtype=np.int64)
     found = np.empty(n, dtype=np.int64)
+    scratch = np.empty(n, dtype=np.int64)
     stack = np.empty(64, dtype=np.int64)
     total = 0
     for step in range(n):
         r = order[step]
         # candidates: first <= last_r (a prefix in first order), last >= first_r
-        limit = np.searchsorted(sorted_first, lasts[r], side="right")
+        limit = _count_at_most(sorted_first, lasts[r])
         nf = 0
         sp = 0
         stack[sp] = 1
@@ -657,8 +706,7 @@ def best_fit_offsets(sizes, firsts, lasts, alignment, order):
                 stack[sp + 1] = 2 * node
                 sp += 2
         cand = found[:nf]
-        cand = cand[np.argsort(seq[cand], kind="mergesort")]
-        cand = cand[np.argsort(offsets[cand], kind="mergesort")]
+        _sort_by_offset(cand, offsets, seq, scratch)
         s = sizes[r]
         prev = 0
         best_gap = INF

@@ -131,7 +131,8 @@ def _greedy_starts(sizes, firsts, lasts, deadline):
     for name, order in orders.items():
         if time.perf_counter() >= deadline:
             break
-        out[name] = K.best_fit_offsets(sizes, firsts, lasts, 1, order.astype(np.int64))
+        out[name] = K.best_fit_offsets(sizes, firsts, lasts, 1, order.astype(np.int64),
+                                       np.argsort(firsts, kind="stable"))
     return out
 
 
