@@ -191,6 +191,85 @@ def test_record_leased_refuses_an_empty_region():
     """An empty range would leave the map a walk that never ends (found when a
     policy recorded a segment it had already given back)."""
     b = VirtualSubAllocator()
-    with pytest.raises(ValueError, match="sizes must be > 0"):
+    with pytest.raises(ValueError, match="sizes must not be 0"):
         b.record_leased([1 << 40, (1 << 40) + (2 << 20)], [2 << 20, 0])
     assert b.num_allocs == 0 and b.mapped_ranges() == []
+
+
+def _record(b):
+    return (b.num_allocs, b.num_frees, b.num_failed_allocs, b.bytes_held, b.peak_bytes_held,
+            b.mapped_ranges(), b.address_lease())
+
+
+@given(contiguous=st.booleans(), granularity=st.sampled_from([1, 512, 2 << 20]),
+       capacity=st.sampled_from([None, 64 << 20]),
+       held_before=st.integers(0, 3),
+       steps=st.lists(st.tuples(st.booleans(), st.integers(1, 8 << 20), st.integers(0, 99)),
+                      max_size=30))
+def test_a_lease_log_that_gives_regions_back_is_alloc_and_free(contiguous, granularity,
+                                                               capacity, held_before, steps):
+    """A holder that gives regions back and leases on: the lease after the
+    frees (``lease_fall_back``'s arithmetic: the top falls back to the highest
+    region still held, or the floor, and the room grows) says where alloc puts
+    the next region, and ``record_leased`` of the whole log, frees included,
+    leaves the backend as the alloc and free calls would."""
+    def align_up(x, a):
+        return (x + a - 1) // a * a
+
+    real = VirtualSubAllocator(capacity, contiguous=contiguous, granularity=granularity)
+    leased = VirtualSubAllocator(capacity, contiguous=contiguous, granularity=granularity)
+    held = []  # (base, size) of the holder's regions, in the order made
+    for b in (real, leased):  # regions held before the lease
+        for _ in range(held_before):
+            b.alloc(1 << 20, 512)
+    held = [(p, e - p) for p, e in ((p, p + n) for p, n in real.mapped_ranges())]
+    lease = leased.address_lease()
+    top, room, floor = lease.top, lease.room, lease.floor
+    bases, sizes = [], []
+    for make, nbytes, pick in steps:
+        whole = [(p, n) for p, n in held
+                 if not (contiguous and (p % granularity or n % granularity))]
+        if not make and whole:
+            p, n = whole[pick % len(whole)]
+            held.remove((p, n))
+            real.free(p, n)
+            bases.append(p)
+            sizes.append(-n)
+            top = max([floor] + [q + m for q, m in held])  # lease_fall_back
+            room += n
+            continue
+        got = real.alloc(nbytes, 512)
+        received = align_up(nbytes, lease.granularity)
+        if received > room:
+            assert got is None
+            continue
+        ptr = align_up(top + lease.gap, max(512, lease.alignment))
+        assert got == (ptr, received)
+        held.append(got)
+        bases.append(ptr)
+        sizes.append(received)
+        top, room = ptr + received, room - received
+    failed = real.num_failed_allocs
+    leased.record_leased(bases, sizes)
+    leased.num_failed_allocs = failed  # the holder saw those failures, not the backend
+    assert _record(leased)[:-1] == _record(real)[:-1]
+    if capacity is not None:  # unbounded, the room is the lease's arithmetic limit
+        assert leased.address_lease() == real.address_lease()
+        assert (real.address_lease().top, real.address_lease().room) == (top, room)
+
+
+def test_a_lease_log_refuses_to_give_back_what_is_not_one_whole_region():
+    b = VirtualSubAllocator()
+    p, n = b.alloc(4 << 20, 512)
+    before = _record(b)
+    lease = b.address_lease()
+    q = lease.top + lease.gap  # where the next region goes
+    for bases, sizes in (([p], [-(n // 2)]),  # part of a region
+                         ([p, p], [-n, -n]),  # one region given back twice
+                         ([q, q], [2 << 20, -(4 << 20)]),  # the wrong size
+                         ([p + 512], [-n])):  # not a region's start
+        with pytest.raises(ValueError, match="not one whole region held"):
+            b.record_leased(bases, sizes)
+        assert _record(b) == before
+    b.record_leased([q, p], [2 << 20, -n])
+    assert b.mapped_ranges() == [(q, 2 << 20)] and (b.num_allocs, b.num_frees) == (2, 1)

@@ -143,8 +143,8 @@ def test_batch_under_an_address_lease_matches_the_reference(config, granularity,
     a, ref = make(CachingAllocator), make(ReferenceCachingAllocator)
     assert _replay_outcome(trace, a, "kernel") == _replay_outcome(trace, ref, "python")
     assert _observe(a) == _observe(ref)
-    backends = [(b.bytes_held, b.peak_bytes_held, b.mapped_ranges())
-                for b in (a.backend, ref.backend)]
+    backends = [(b.bytes_held, b.peak_bytes_held, b.mapped_ranges(), b.num_allocs,
+                 b.num_frees, b.num_failed_allocs) for b in (a.backend, ref.backend)]
     assert backends[0] == backends[1]
     check_invariants(a)
     assert a.empty_cache() == ref.empty_cache()

@@ -381,7 +381,7 @@ def test_a_failure_after_releasing_the_cache_is_the_kernels_too():
     """Past the first failure, one that releases cached segments and still
     fails (PyTorch's release_cached_blocks, then the retry) happens in the
     kernel: the segments go back to the backend in PyTorch's order, and the
-    next segment comes from a fresh lease."""
+    next segment goes where the backend puts it after those frees."""
     MiB = MIB
     # In 48 MiB: 20 live; 30 fails (the first); a 20 MiB and a 2 MiB segment
     # come and go (cached); 30 then releases both and still fails; 4 takes a
@@ -403,6 +403,69 @@ def test_a_failure_after_releasing_the_cache_is_the_kernels_too():
     assert stats == slow_allocator.memory_stats() and stats["num_device_free"] == 2
     assert fast_allocator.backend.mapped_ranges() == slow_allocator.backend.mapped_ranges()
     assert fast_allocator.backend.num_frees == 2
+
+
+def _release_trace(segments):
+    """``segments`` small-pool segments (2 MiB, two 1 MiB blocks each) made
+    and cached, then 12 MiB, over the limit until they are released: the
+    limit is what they and the 12 MiB segment's first try leave 2 MiB short."""
+    n = 2 * segments
+    ops = [0] * n + [1] * n + [0]
+    ids = list(range(n)) * 2 + [n]
+    sizes = [MIB] * n + [0] * n + [12 * MIB]
+    return Trace.from_arrays(ops, ids, sizes), (2 * segments + 10) * MIB
+
+
+def _same_as_single_calls(t, limit, backend=None, other_backend=None):
+    """Replay ``t`` through the kernel and one API call per event; assert
+    equal outcomes; return the kernel's allocator and its slow-path calls."""
+    fast_allocator = make_allocator("caching", limit, backend=backend)
+    slow_allocator = make_allocator("caching", limit, backend=other_backend)
+    slow_paths = []
+    malloc_slow = fast_allocator._malloc_slow
+    fast_allocator._malloc_slow = lambda n: slow_paths.append(n) or malloc_slow(n)
+    fast = replay(t, fast_allocator)
+    slow = replay(t, slow_allocator, engine="python")
+    assert fast.addresses.tolist() == slow.addresses.tolist()
+    assert (fast.ooms, fast.first_oom) == (slow.ooms, slow.first_oom)
+    assert fast_allocator.memory_stats() == slow_allocator.memory_stats()
+    fast_backend, slow_backend = fast_allocator.backend, slow_allocator.backend
+    assert fast_backend.mapped_ranges() == slow_backend.mapped_ranges()
+    for name in ("num_allocs", "num_frees", "num_failed_allocs", "bytes_held",
+                 "peak_bytes_held"):
+        assert getattr(fast_backend, name) == getattr(slow_backend, name), name
+    return fast_allocator, slow_paths
+
+
+@pytest.mark.parametrize("segments, in_kernel", [(3, True), (40, True), (70, False)])
+def test_a_retry_after_releasing_the_cache_is_the_kernels(segments, in_kernel):
+    """A new segment over the limit until the cached segments go back: the
+    kernel releases them, moves its lease back and makes the segment where
+    the backend puts it after those frees, as PyTorch's slow path would
+    (release_cached_blocks, then the retry), with no trip to the façade.
+    40 segments do not fit beside the 80 already in the lease's log: the
+    façade records it and the kernel goes on; 70 do not fit in any log:
+    the façade's slow path releases them."""
+    t, limit = _release_trace(segments)
+    allocator, slow_paths = _same_as_single_calls(t, limit)
+    assert slow_paths == ([] if in_kernel else [12 * MIB])
+    stats = allocator.memory_stats()
+    assert stats["num_device_free"] == segments and stats["num_alloc_retries"] == 1
+    assert stats["num_ooms"] == 0 and stats["num_sync_all_streams"] == 1
+    # Every segment went back, so the new one goes where a fresh backend puts its first.
+    assert allocator.backend.mapped_ranges() == [VirtualSubAllocator().alloc(12 * MIB, 512)]
+
+
+def test_a_backend_shared_with_others_keeps_releases_in_the_facade():
+    """The kernel moves its lease back after a release only where this
+    allocator's segments are all the backend holds: with memory of another
+    user in it, the façade's slow path releases them, with the same result."""
+    t, limit = _release_trace(3)
+    backends = [VirtualSubAllocator() for _ in range(2)]
+    for b in backends:
+        b.alloc(4 * MIB, 512)  # someone else's
+    _, slow_paths = _same_as_single_calls(t, limit, *backends)
+    assert slow_paths == [12 * MIB]
 
 
 def test_replay_result_metrics_and_offline():

@@ -31,7 +31,7 @@ from ..kernels.operations import (
     map_rehash_op,
     remove_region_op,
 )
-from ..policies.batch import FAILED, LEASE_SPENT, RELEASE_DUE, TOO_LARGE, sample_usage
+from ..policies.batch import FAILED, RELEASE_DUE, TOO_LARGE, sample_usage
 from . import report as _report
 from ._fastcall import Kernel
 
@@ -414,8 +414,6 @@ class TableStore:
             if code == L.NEED_ROWS:
                 self._grow_tables()
                 continue
-            if code == LEASE_SPENT:
-                continue  # _close_lease gave the memory back; a fresh lease follows
             if code == RELEASE_DUE:
                 self._serve_release_due()
                 if stride > 0:

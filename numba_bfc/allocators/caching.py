@@ -170,19 +170,24 @@ class CachingAllocator(TableStore, CachingBase):
         # kernel makes instead (caching_base._malloc_slow_held).
         if self._history is not None or self._gc_enabled or self.expandable_segments:
             return
-        lease = self._backend.address_lease()
+        backend = self._backend
+        lease = backend.address_lease()
         if lease is None:
             return
         st = self._state
         limit = MAX_INT64 if self.memory_limit is None else min(self.memory_limit, MAX_INT64)
         # With a max_split_size, the slow path may release oversize blocks first.
-        quietly = fail_quietly and self.max_split_size == UNLIMITED
-        inputs = (lease, limit, quietly)
+        unlimited_split = self.max_split_size == UNLIMITED
+        # The kernel moves the lease back after releasing cached segments only
+        # where they are all the backend holds (policies.caching.release_and_retry).
+        releases = unlimited_split and backend.bytes_held == self._usage()[1]
+        inputs = (lease, limit, fail_quietly and unlimited_split, releases)
         if inputs != self._lease_inputs:  # else the slots still hold them
             self._lease_inputs = inputs
             st[C.C_LEASE:C.C_LEASE_LOG] = lease
             st[C.C_LEASE_LIMIT] = limit
-            st[C.C_FAIL_QUIETLY] = quietly
+            st[C.C_FAIL_QUIETLY] = inputs[2]
+            st[C.C_LEASE_RELEASES] = releases
         st[C.C_LEASE_ON] = 1
 
     def _close_lease(self) -> int:
@@ -190,28 +195,30 @@ class CachingAllocator(TableStore, CachingBase):
         if not st[C.C_LEASE_ON]:
             return 0
         st[C.C_LEASE_ON] = 0
-        made = int(st[C.C_LEASE_SEGMENTS])
-        if made:
-            log = st[C.C_LEASE_LOG:C.C_LEASE_LOG + 2 * made].tolist()  # in address order
-            self._backend.record_leased(log[::2], log[1::2])
-            self._events["num_device_alloc"] += made
-            st[C.C_LEASE_SEGMENTS] = 0
+        entries = int(st[C.C_LEASE_ENTRIES])
+        if entries:
+            st[C.C_LEASE_ENTRIES] = 0
             self._lease_inputs = None  # the slots moved on: write them afresh
+            self._replay_lease_log(st[C.C_LEASE_LOG:C.C_LEASE_LOG + 2 * entries].tolist())
+        retried = int(st[C.C_RETRIED])
+        if retried:
+            st[C.C_RETRIED] = 0
+            self._events["num_alloc_retries"] += retried
+            self._events["num_sync_all_streams"] += retried
         failed = int(st[C.C_FAILED_HERE])
         if failed:
             st[C.C_FAILED_HERE] = 0
             self._count_failures(failed)
-        released = int(st[C.C_RELEASED])
-        if released:
-            # After the segments made under the lease: one may be among these.
-            log = st[C.C_RELEASE_LOG:C.C_RELEASE_LOG + 2 * released].tolist()
-            st[C.C_RELEASED] = 0
-            st[L.S_LEASE_SPENT] = 0
-            for base, size in zip(log[::2], log[1::2]):
-                self._backend.free(base, size)
-            self._events["num_device_free"] += released
-            self._lease_inputs = None
         return failed
+
+    def _replay_lease_log(self, log: list) -> None:
+        """Do to the backend what the kernel did under the lease: segments
+        made (size > 0) and given back (size < 0), in order."""
+        sizes = log[1::2]
+        self._backend.record_leased(log[::2], sizes)
+        made = sum(1 for size in sizes if size > 0)
+        self._events["num_device_alloc"] += made
+        self._events["num_device_free"] += len(sizes) - made
 
     def _batch_alignment(self, alignment: int) -> int:
         return self._check_alignment(alignment)

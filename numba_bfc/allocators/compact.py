@@ -167,7 +167,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
                 slots += (min(lo, MAX_INT64), hi)
             slots.append(self.page_size)
             for lease in leases:
-                slots += (0, 0, 0, 0, -1) if lease is None else lease  # room -1: nothing fits
+                slots += (0, 0, 0, 0, -1, 0) if lease is None else lease  # room -1: nothing fits
             st[S_LEASE_LIMIT:S_LEASE_PIECES] = slots
         st[S_LEASE_ON] = 1
 

@@ -19,7 +19,9 @@ class AddressLease(NamedTuple):
     An ``alloc(nbytes, alignment)`` would return, while nothing else changes the
     backend: ``received = ceil(nbytes / granularity) * granularity`` bytes at
     ``ptr = align_up(top + gap, max(alignment, self.alignment))``, then ``top``
-    moves to ``ptr + received``; it fails when ``received > room``.
+    moves to ``ptr + received``; it fails when ``received > room``. A ``free``
+    moves ``top`` back to the end of the highest region still mapped, or to
+    ``floor`` if none is, and gives its bytes back to ``room``.
     """
 
     top: int
@@ -27,6 +29,7 @@ class AddressLease(NamedTuple):
     alignment: int
     granularity: int
     room: int
+    floor: int
 
 
 class SubAllocator(abc.ABC):
@@ -149,8 +152,17 @@ class SubAllocator(abc.ABC):
         return None
 
     def record_leased(self, bases: Sequence[int], sizes: Sequence[int]) -> None:
-        """Record regions placed under ``address_lease``, in address order, as
-        if ``alloc`` had returned each ``(base, size)``."""
+        """Record what was done under ``address_lease``, in the order done: a
+        positive size records a region placed, as if ``alloc`` had returned
+        ``(base, size)``; a negative one gives back one whole region placed
+        before, as ``free(base, -size)`` would.
+
+        Raises
+        ------
+        ValueError
+            A size of 0, or a region given back that is not one whole region
+            held; nothing is recorded.
+        """
         raise NotImplementedError(f"{type(self).__name__} gives no address lease")
 
     @abc.abstractmethod

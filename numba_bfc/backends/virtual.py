@@ -118,19 +118,58 @@ class VirtualSubAllocator(SubAllocator):
         room = _LEASE_TOP_LIMIT if self.capacity is None else self.capacity - self.bytes_held
         gap, alignment = (0, 1) if self.contiguous else (_GUARD, _GUARD)
         return AddressLease(self._top, gap, alignment, self.granularity,
-                            max(0, min(room, _LEASE_TOP_LIMIT)))
+                            max(0, min(room, _LEASE_TOP_LIMIT)), self._base)
 
     def record_leased(self, bases: Sequence[int], sizes: Sequence[int]) -> None:
         if not len(bases):
             return
-        if min(sizes) <= 0:
-            raise ValueError(f"record_leased: sizes must be > 0, got {min(sizes)}")
-        ends = [b + s for b, s in zip(bases, sizes)]
-        self._mapped.add_later(bases, ends)
-        self._top = max(self._top, ends[-1])
-        self.num_allocs += len(bases)
-        self.bytes_held += sum(sizes)
-        self.peak_bytes_held = max(self.peak_bytes_held, self.bytes_held)
+        least = min(sizes)
+        if least == 0:
+            raise ValueError("record_leased: sizes must not be 0")
+        if least > 0:  # regions placed, nothing given back: filed when next read
+            ends = [b + s for b, s in zip(bases, sizes)]
+            self._mapped.add_later(bases, ends)
+            self._top = max(self._top, ends[-1])
+            self.num_allocs += len(bases)
+            self.bytes_held += sum(sizes)
+            self.peak_bytes_held = max(self.peak_bytes_held, self.bytes_held)
+            return
+        self._record_log(bases, sizes)
+
+    def _record_log(self, bases: Sequence[int], sizes: Sequence[int]) -> None:
+        """``record_leased`` of a log that gives regions back: a region placed
+        and given back within it never enters the map of mapped ranges."""
+        ranges = self._mapped.ranges
+        placed: dict[int, int] = {}  # start -> end, placed by this log and still held
+        unmapped: dict[int, int] = {}  # start -> end, ranges of the map given back
+        held, peak = self.bytes_held, self.peak_bytes_held
+        for base, size in zip(bases, sizes):
+            if size > 0:
+                placed[base] = base + size
+                held += size
+                peak = max(peak, held)
+                continue
+            end = base - size
+            if self.contiguous and (base % self.granularity or size % self.granularity):
+                raise ValueError(f"record_leased: free({base:#x}, {-size}): not whole "
+                                 f"granules of {self.granularity} bytes")
+            if placed.get(base) == end:
+                del placed[base]
+            elif ranges.get(base) == end and base not in unmapped:
+                unmapped[base] = end
+            else:
+                raise ValueError(f"record_leased: free({base:#x}, {-size}) is not one whole "
+                                 "region held")
+            held += size
+        for base in unmapped:
+            del ranges[base]
+        for base, end in placed.items():
+            ranges[base] = end
+        self._top = self._mapped.top(self._base)
+        self.num_allocs += sum(1 for size in sizes if size > 0)
+        self.num_frees += sum(1 for size in sizes if size < 0)
+        self.bytes_held = held
+        self.peak_bytes_held = peak
 
     def _alloc_at(self, ptr: int, nbytes: int) -> bool:
         if ptr < self._base or ptr % self.granularity or nbytes % self.granularity:

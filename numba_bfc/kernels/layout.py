@@ -137,11 +137,6 @@ S_TSQ_SLOTS = 19
 # N > 0: it is a space of N size bins (the compact policy's): a free chunk of it
 # goes to bin ``space * N + bin_for_size(size)``.
 S_SPACE_BINS = 20
-# Set by a kernel that gave memory back under an address lease (the caching
-# policy's release of cached segments, ``policies.caching``): the lease is
-# stale, so a batch stops (``LEASE_SPENT``) for the façade to give the memory
-# back to the backend and lease afresh.
-S_LEASE_SPENT = 21
 # Lock-free calls (``kernels.guard``): the façade's lock depth, and where the
 # current tables are, so a kernel given only ``state`` can see them.
 S_LOCK_DEPTH = 24  # > 0 while a thread holds the façade's lock

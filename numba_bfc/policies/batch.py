@@ -6,7 +6,7 @@ import numpy as np
 
 from ..kernels.guard import table_views
 from ..kernels.jit import inner, njit, operation
-from ..kernels.layout import FAILED_HERE, INVALID_POINTER, S_LEASE_SPENT, S_POOL_BYTES
+from ..kernels.layout import FAILED_HERE, INVALID_POINTER, S_POOL_BYTES
 from .bfc import UNTAGGED, bfc_allocate, bfc_deallocate
 from .caching import caching_allocate, caching_deallocate
 from .compact import S_RELEASE_DUE, compact_allocate, compact_deallocate
@@ -22,12 +22,6 @@ TOO_LARGE = -6
 #: ``id_ptr`` value of an allocation the façade could not serve (a replay goes
 #: on past it); its free is skipped.
 FAILED = -2
-
-#: ``run_batch`` code: the allocation before the returned index failed in the
-#: kernel after giving memory back under the address lease
-#: (``layout.S_LEASE_SPENT``); the façade gives it back to the backend, leases
-#: afresh and resumes at the index.
-LEASE_SPENT = -9
 
 
 @njit(cache=True, inline="always")
@@ -61,12 +55,10 @@ def run_batch(allocate, deallocate, releases, state, ops, ids, sizes, alignment,
     finish alone and returns ``(index, code)``: ``NEED_ROWS`` or ``NOT_FOUND``
     (the façade grows or extends and resumes at ``index``),
     ``INVALID_POINTER``, ``TOO_LARGE`` (above ``max_request`` bytes: no kernel
-    arithmetic sees it), ``LEASE_SPENT`` (operation ``index - 1`` failed in the
-    kernel after giving memory back: the façade gives it to the backend and
-    resumes at ``index``), or (when
-    ``releases``) ``RELEASE_DUE`` (operation ``index - 1``, a free or an
-    allocation after a hole fill, was done but not sampled; the façade gives
-    the free tail back, samples, and resumes at ``index``). Returns
+    arithmetic sees it), or (when ``releases``) ``RELEASE_DUE`` (operation
+    ``index - 1``, a free or an allocation after a hole fill, was done but not
+    sampled; the façade gives the free tail back, samples, and resumes at
+    ``index``). Returns
     ``(stop, 0)`` when done. A free of an id whose ``id_ptr`` is ``FAILED``
     is skipped. With ``stride > 0``, row ``i // stride`` of ``series`` keeps
     the most bytes in use (``state[in_use_slot]``) and reserved after any
@@ -77,7 +69,6 @@ def run_batch(allocate, deallocate, releases, state, ops, ids, sizes, alignment,
     """
     chunks, bins, regions, pmap, _, state = table_views(state)
     for i in range(start, stop):
-        spent = False
         if ops[i] == 0:
             p = 0
             if sizes[i] != 0:
@@ -86,7 +77,6 @@ def run_batch(allocate, deallocate, releases, state, ops, ids, sizes, alignment,
                 p = allocate(chunks, bins, regions, pmap, state, sizes[i], alignment)
                 if p == FAILED_HERE:
                     p = FAILED  # counted, and skipped as the façade skips a failure
-                    spent = state[S_LEASE_SPENT] != 0
                 elif p < 0:
                     return i, p
             id_ptr[ids[i]] = p
@@ -105,8 +95,6 @@ def run_batch(allocate, deallocate, releases, state, ops, ids, sizes, alignment,
             return i + 1, RELEASE_DUE  # the façade samples after giving back
         if stride > 0:
             sample_usage(series, stride, i, state, in_use_slot)
-        if spent:
-            return i + 1, LEASE_SPENT
     return stop, 0
 
 

@@ -49,7 +49,6 @@ from ..kernels.layout import (
     S_FAILED_ROUNDED,
     S_FREE_ROWS,
     S_LARGEST_ALLOC_SIZE,
-    S_LEASE_SPENT,
     S_NEXT_ALLOCATION_ID,
     S_NUM_REGIONS,
     S_PEAK_POOL_BYTES,
@@ -58,7 +57,13 @@ from ..kernels.layout import (
     TABLES_BUSY,
     UNMAPPED,
 )
-from ..kernels.lease import LEASE_SLOTS, lease_next, lease_take
+from ..kernels.lease import (
+    LEASE_SLOTS,
+    lease_fall_back,
+    lease_next,
+    lease_next_after,
+    lease_take,
+)
 from ..kernels.ptrmap import map_insert, map_remove
 from ..kernels.tree import tree_lower_bound, tree_successor
 
@@ -107,29 +112,32 @@ C_EXPANDABLE = STATE_SIZE + 5  # 1: expandable segments (PyTorch's expandable_se
 C_DIVISIONS = STATE_SIZE + 8  # 16 roundup_power2_divisions entries
 C_STATS = C_DIVISIONS + ROUNDUP_INTERVALS  # NUM_STATS * 3 * 4 statistics, to C_LEASE_ON
 # An address lease (``lease_segment``): while the façade holds one, the kernel
-# makes new segments itself where the backend would have put them.
+# makes new segments itself where the backend would have put them, and may
+# give cached ones back (``release_and_retry``).
 C_LEASE_ON = C_STATS + NUM_STATS * 3 * 4  # 1 while a lease is held
 C_LEASE_LIMIT = C_LEASE_ON + 1  # most reserved bytes (the memory limit; int64 max if none)
-C_LEASE_SEGMENTS = C_LEASE_ON + 2  # segments made under the lease...
+C_LEASE_ENTRIES = C_LEASE_ON + 2  # entries in the lease log...
 C_LEASE = C_LEASE_ON + 3  # the lease (kernels.lease, LEASE_SLOTS slots)
-C_LEASE_LOG = C_LEASE + LEASE_SLOTS  # ...(base, size) each, in the order made
+C_LEASE_LOG = C_LEASE + LEASE_SLOTS  # ...(base, size) each, in the order done:
+# size > 0 a segment made, size < 0 a segment of -size bytes given back
 LEASE_LOG_SIZE = 64  # a full log asks for NEED_ROWS: the façade records, then leases again
 # NumPy scalars, not Python literals: the lease kernels compile once for both policies.
 _LEASE_AT = np.int64(C_LEASE)
 _SEGMENT_ALIGNMENT = np.int64(MIN_BLOCK_SIZE)
+# 1 while the kernel may release cached segments under the lease, as PyTorch's
+# slow path does before its retry (``release_and_retry``): the lease's backend
+# holds this allocator's segments and nothing else, and there is no
+# ``max_split_size`` (whose oversize release would come first).
+C_LEASE_RELEASES = C_LEASE_LOG + 2 * LEASE_LOG_SIZE
 # Under the lease, the façade may also let the kernel fail an allocation
 # itself where its slow path would fail it with only counters changed
-# (``fails_after_release``): a replay's failures after its first.
-C_FAIL_QUIETLY = C_LEASE_LOG + 2 * LEASE_LOG_SIZE  # 1 while allowed
+# (``release_and_retry``): a replay's failures after its first.
+C_FAIL_QUIETLY = C_LEASE_RELEASES + 1  # 1 while allowed
 C_FAILED_HERE = C_FAIL_QUIETLY + 1  # how many the kernel failed (the façade counts them)
-# Such a failure may first release cached segments, as PyTorch's slow path does
-# (``fails_after_release``): the façade gives them back to the backend.
-C_RELEASED = C_FAILED_HERE + 1  # segments released...
-C_RELEASE_LOG = C_RELEASED + 1  # ...(base, size) each, in the order released
-RELEASE_LOG_SIZE = 16  # more to release at once: the façade's slow path does it
+C_RETRIED = C_FAILED_HERE + 1  # how many it served after releasing the cache (likewise)
 # Single calls the kernel failed itself (``caching_allocate_op``), counted apart
 # from a batch's: the façade adds them to its counters when it reads them.
-C_FAILED_ALONE = C_RELEASE_LOG + 2 * RELEASE_LOG_SIZE
+C_FAILED_ALONE = C_RETRIED + 1
 CACHING_STATE_SIZE = C_FAILED_ALONE + 1
 
 
@@ -316,12 +324,13 @@ def take_block(chunks, bins, regions, pmap, state, h, requested):
 @inner
 def caching_allocate(chunks, bins, regions, pmap, state, requested):
     """Serve ``requested`` (> 0) bytes from the cached blocks, or under an
-    address lease from a new segment (``lease_segment``).
+    address lease from a new segment (``lease_segment``), releasing the cached
+    segments first where PyTorch's slow path would (``release_and_retry``).
 
     Returns the address, ``NOT_FOUND`` (the façade allocates a segment) or
     ``NEED_ROWS``; on either code no block has changed. Where the façade
     allows it, ``FAILED_HERE``: a failure as its slow path would end in,
-    counted in ``state[C_FAILED_HERE]`` (``fails_after_release``).
+    counted in ``state[C_FAILED_HERE]``.
     """
     if not room_for_operation(pmap, state):
         return NEED_ROWS
@@ -331,13 +340,9 @@ def caching_allocate(chunks, bins, regions, pmap, state, requested):
     if h == NO_HANDLE:
         if state[C_LEASE_ON] == 0:
             return NOT_FOUND
-        alloc_size = allocation_size(size)
-        if state[C_FAIL_QUIETLY] != 0 and over_lease_limit(state, alloc_size):
-            if not fails_after_release(chunks, bins, regions, state, alloc_size):
-                return NOT_FOUND  # the retry after the release may succeed: the façade's
-            state[C_FAILED_HERE] += 1
-            return FAILED_HERE
         r = lease_segment(chunks, bins, regions, state, size, pool)
+        if r == NOT_FOUND:
+            r = release_and_retry(chunks, bins, regions, state, size, pool)
         if r < 0:
             return r
         h = regions[r]["first"]
@@ -358,10 +363,10 @@ def lease_segment(chunks, bins, regions, state, size, pool):
     int64 address space, or a size the façade must refuse (its slow path then
     decides, as without a lease).
     """
-    if state[C_LEASE_SEGMENTS] == LEASE_LOG_SIZE:
+    if state[C_LEASE_ENTRIES] == LEASE_LOG_SIZE:
         return NEED_ROWS
     alloc_size = allocation_size(size)
-    if over_lease_limit(state, alloc_size):
+    if over_lease_limit(state, alloc_size, 0):
         return NOT_FOUND
     ptr, received = lease_next(state, _LEASE_AT, alloc_size, _SEGMENT_ALIGNMENT)
     if ptr < 0 or received % MIN_BLOCK_SIZE != 0:
@@ -370,20 +375,26 @@ def lease_segment(chunks, bins, regions, state, size, pool):
     if r < 0:
         return r
     lease_take(state, _LEASE_AT, ptr, received)
-    # Where and how big, not the row: a failure may release it before the
-    # façade records it (fails_after_release).
-    log = C_LEASE_LOG + 2 * state[C_LEASE_SEGMENTS]
-    state[log] = ptr
-    state[log + 1] = received
-    state[C_LEASE_SEGMENTS] += 1
+    log_lease_entry(state, ptr, received)
     return r
 
 
 @njit(cache=True, inline="always")
-def over_lease_limit(state, alloc_size):
+def log_lease_entry(state, base, size):
+    """Append ``(base, size)`` to the lease log: a segment made (``size > 0``)
+    or given back (``size < 0``). The caller checked there is room."""
+    at = C_LEASE_LOG + 2 * state[C_LEASE_ENTRIES]
+    state[at] = base
+    state[at + 1] = size
+    state[C_LEASE_ENTRIES] += 1
+
+
+@njit(cache=True, inline="always")
+def over_lease_limit(state, alloc_size, released):
     """True if a new segment of ``alloc_size`` bytes would take the reserved
-    bytes past the lease's limit (``_alloc_block``'s check)."""
-    return alloc_size > state[C_LEASE_LIMIT] - state[C_STATS + RESERVED_BYTES * 12]
+    bytes, less ``released`` given back first, past the lease's limit
+    (``_alloc_block``'s check)."""
+    return alloc_size > state[C_LEASE_LIMIT] - (state[C_STATS + RESERVED_BYTES * 12] - released)
 
 
 @njit(cache=True, inline="always")
@@ -410,47 +421,75 @@ def nothing_to_release(chunks, regions, state):
 
 
 @inner
-def fails_after_release(chunks, bins, regions, state, alloc_size):
-    """The façade's slow path (``CachingBase._malloc_slow_held``) for a block
-    whose new segment (``alloc_size`` bytes) is over the lease's limit, when it
-    ends in failure: PyTorch's release of the cached segments (those wholly
-    free, ``_release_cached_blocks``) leaves too little room for its retry.
-    Releases them here, in PyTorch's order, logs them for the façade to give
-    back (``C_RELEASE_LOG``, ``S_LEASE_SPENT``) and returns True; the caller
-    counts the failure. Returns False when the retry could succeed or more
-    segments would go than the log holds (the façade's slow path then
-    decides; the log's slots are scratch until ``C_RELEASED`` counts them).
+def release_and_retry(chunks, bins, regions, state, size, pool):
+    """The rest of the façade's slow path (``CachingBase._malloc_slow_held``)
+    for a ``size``-byte block whose new segment is over the lease's limit:
+    PyTorch's release of the cached segments (those wholly free,
+    ``_release_cached_blocks``, in its order), then its retry of
+    ``alloc_block``.
 
-    The façade allows this only where its slow path has no other step (the
-    lease's conditions, and no ``max_split_size``).
+    Where the retry places its segment, releases them, logs each for the
+    façade to give back to the backend before the new segment
+    (``C_LEASE_LOG``), moves the lease back (``lease_fall_back``), makes the
+    segment, counts the pass in ``state[C_RETRIED]`` and returns its region
+    row. Where the retry is over the limit still and the façade allows it
+    (``C_FAIL_QUIETLY``), releases them likewise, counts the failure in
+    ``state[C_FAILED_HERE]`` and returns ``FAILED_HERE``. Otherwise returns
+    ``NOT_FOUND`` (or ``NEED_ROWS`` for a full log) with nothing changed, and
+    the façade's slow path decides: the first try failed at the backend,
+    segments are cached but the kernel may not release them
+    (``C_LEASE_RELEASES``), more would go than the log holds, the retry would
+    ask the backend for what it cannot place, or the error must be built.
     """
-    reserved = state[C_STATS + RESERVED_BYTES * 12]
-    if state[C_STATS + ALLOCATED_BYTES * 12] == reserved:
-        return True  # nothing is cached: nothing to release
+    alloc_size = allocation_size(size)
+    if not over_lease_limit(state, alloc_size, 0):
+        return NOT_FOUND  # the backend refused the first try: the façade's
+    # The cached segments (the log's free slots order their rows), and where
+    # the highest segment that stays ends.
+    first = C_LEASE_LOG + 2 * state[C_LEASE_ENTRIES]
+    log_room = LEASE_LOG_SIZE - state[C_LEASE_ENTRIES]
     n = 0
-    released = 0
+    released = np.int64(0)  # not literals: lease_fall_back compiles once
+    highest_end = np.int64(0)
+    cached = state[C_STATS + ALLOCATED_BYTES * 12] != state[C_STATS + RESERVED_BYTES * 12]
     for r in range(regions.shape[0]):
-        if regions[r]["size"] > 0 and not region_in_use(chunks, regions, r):
-            if n == RELEASE_LOG_SIZE:
-                return False
-            j = n  # insertion into the log's rows, in release order
-            while j > 0 and _released_before(regions, r, state[C_RELEASE_LOG + 2 * (j - 1)]):
-                state[C_RELEASE_LOG + 2 * j] = state[C_RELEASE_LOG + 2 * (j - 1)]
-                j -= 1
-            state[C_RELEASE_LOG + 2 * j] = r
-            n += 1
-            released += regions[r]["size"]
-    if alloc_size <= state[C_LEASE_LIMIT] - (reserved - released):
-        return False
+        if regions[r]["size"] <= 0:
+            continue
+        if not cached or region_in_use(chunks, regions, r):
+            highest_end = max(highest_end, regions[r]["base"] + regions[r]["size"])
+            continue
+        if n + 1 >= log_room:  # the frees and the new segment must fit in the log
+            return NEED_ROWS if n + 2 <= LEASE_LOG_SIZE else NOT_FOUND
+        j = n  # insertion into the log's free slots, in release order
+        while j > 0 and _released_before(regions, r, state[first + 2 * (j - 1)]):
+            state[first + 2 * j] = state[first + 2 * (j - 1)]
+            j -= 1
+        state[first + 2 * j] = r
+        n += 1
+        released += regions[r]["size"]
+    if n > 0 and state[C_LEASE_RELEASES] == 0:
+        return NOT_FOUND
+    fails = over_lease_limit(state, alloc_size, released)
+    if fails:
+        if state[C_FAIL_QUIETLY] == 0:
+            return NOT_FOUND
+    else:
+        ptr, received = lease_next_after(state, _LEASE_AT, alloc_size, _SEGMENT_ALIGNMENT,
+                                         highest_end, released)
+        if ptr < 0 or received % MIN_BLOCK_SIZE != 0:
+            return NOT_FOUND
     for k in range(n):
-        at = C_RELEASE_LOG + 2 * k
-        r = state[at]
-        state[at] = regions[r]["base"]
-        state[at + 1] = caching_release_segment(chunks, bins, regions, state, r)
+        row = state[first + 2 * k]
+        base = regions[row]["base"]
+        log_lease_entry(state, base,
+                        -caching_release_segment(chunks, bins, regions, state, row))
     if n > 0:
-        state[C_RELEASED] = n
-        state[S_LEASE_SPENT] = 1
-    return True
+        lease_fall_back(state, _LEASE_AT, highest_end, released)
+    if fails:
+        state[C_FAILED_HERE] += 1
+        return FAILED_HERE
+    state[C_RETRIED] += 1
+    return lease_segment(chunks, bins, regions, state, size, pool)
 
 
 @inner
