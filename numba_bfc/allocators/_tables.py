@@ -131,6 +131,16 @@ class TableStore:
         self._snapshot_slots = memoryview(self._state)[:SNAPSHOT_SLOTS]
         self._note_table_addresses()
 
+    def _arm_fast_paths(self, largest_request: int, frees: bool) -> None:
+        """What the public calls' lock-free fast paths read, one tuple each:
+        the state, the kernel, and the largest request (``allocate_raw``) or
+        pointer (``deallocate_raw``) the fast path takes, 0 while it is off.
+        One attribute read and an unpack cost less than reading what it holds
+        attribute by attribute (about 0.1 us of a 0.7 us allocate+free pair
+        here)."""
+        self._fast_allocate = (self._state, self._ALLOCATE, largest_request)
+        self._fast_deallocate = (self._state, self._DEALLOCATE, MAX_INT64 if frees else 0)
+
     def _note_table_addresses(self, *names: str) -> None:
         """Record where the tables (or the ones named) are, for lock-free kernels
         (``kernels.guard``)."""

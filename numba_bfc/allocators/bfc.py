@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ..framework.validate import MAX_INT64
 from ..kernels import layout as L
 from ..kernels.operations import (
     add_region_op,
@@ -82,25 +81,38 @@ class BFCAllocator(TableStore, BFCBase):
         # take: without it, a kernel that finds no fit and no room to grow
         # fails the allocation itself (policies.bfc.fails_without_growth).
         self._state[L.S_FAIL_LIMIT] = 0 if self._garbage_collection else self._memory_limit
+        self._arm()
+
+    def _arm(self) -> None:
+        # Timed frees take the long way: tagging frees, merging before allocations.
+        self._arm_fast_paths(0 if self._timestamps_used else self._memory_limit,
+                             self._timing_counter is None)
+
+    def set_timing_counter(self, counter) -> None:
+        with self._lock:
+            super().set_timing_counter(counter)
+            self._arm()
+
+    set_timing_counter.__doc__ = BFCBase.set_timing_counter.__doc__
 
     # Fast paths: one kernel call each, lock-free first (kernels.guard), then
     # under the lock; everything unusual goes to BFCBase.
     def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION,
                      attributes=None, *, freed_before: int = 0) -> int:
+        state, kernel, largest = self._fast_allocate
         # The common call, tested cheapest first (a default or small-int 256 is
         # the same object as MIN_ALLOCATION; any other alignment goes the long way).
         if not (alignment is MIN_ALLOCATION and attributes is None and not freed_before
-                and type(num_bytes) is int and 0 < num_bytes <= self._memory_limit
-                and not self._timestamps_used):
+                and type(num_bytes) is int and 0 < num_bytes <= largest):
             return super().allocate_raw(num_bytes, alignment, attributes,
                                         freed_before=freed_before)
-        p = self._ALLOCATE.call(self._state, num_bytes, MIN_ALLOCATION, 0, False)
+        p = kernel.call(state, num_bytes, MIN_ALLOCATION, 0, False)
         if p > 0:
             return p
         if p == _FAILED_HERE:
             raise self._failed_here(num_bytes)
         with self._lock:
-            p = self._ALLOCATE.call(self._state, num_bytes, MIN_ALLOCATION, 0, True)
+            p = kernel.call(state, num_bytes, MIN_ALLOCATION, 0, True)
             if p > 0:
                 return p
             if p == _FAILED_HERE:
@@ -120,13 +132,13 @@ class BFCAllocator(TableStore, BFCBase):
                              self._state.item(L.S_FAILED_LARGEST_FREE))
 
     def deallocate_raw(self, ptr: int | None) -> None:
-        if (type(ptr) is not int or not 0 < ptr <= MAX_INT64
-                or self._timing_counter is not None):
+        state, kernel, largest = self._fast_deallocate
+        if type(ptr) is not int or not 0 < ptr <= largest:
             return super().deallocate_raw(ptr)
-        if self._DEALLOCATE.call(self._state, ptr, False) >= 0:
+        if kernel.call(state, ptr, False) >= 0:
             return
         with self._lock:
-            if self._DEALLOCATE.call(self._state, ptr, True) < 0:
+            if kernel.call(state, ptr, True) < 0:
                 raise self._invalid_pointer(ptr)
 
     # ------------------------------------------------------------------ chunk store

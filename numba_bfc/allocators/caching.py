@@ -86,7 +86,7 @@ class CachingAllocator(TableStore, CachingBase):
     """
 
     _RUN_BATCH = Kernel(run_batch_caching)
-    _ALLOCATE = _ALLOCATE  # as BFC's; the fast paths use the module names
+    _ALLOCATE = _ALLOCATE  # as BFC's (TableStore._arm_fast_paths)
     _DEALLOCATE = _DEALLOCATE
     _IN_USE_SLOT = C.C_STATS + C.ALLOCATED_BYTES * 12  # allocated_bytes.all.current
 
@@ -109,6 +109,12 @@ class CachingAllocator(TableStore, CachingBase):
         self._stats = st[C.C_STATS:C.C_LEASE_ON].reshape(C.NUM_STATS, 3, 4)
         self._lease_inputs = None  # what _open_lease last wrote into the state
         st[L.S_FAIL_LIMIT] = self._fail_limit()
+        self._arm()
+
+    def _arm(self) -> None:
+        # With a memory history every call takes the long way (it records each).
+        on = self._history is None
+        self._arm_fast_paths(ONE_EIB - 1 if on else 0, on)
 
     def _fail_limit(self) -> int:
         """``S_FAIL_LIMIT``: the memory limit where the slow path is PyTorch's
@@ -125,6 +131,7 @@ class CachingAllocator(TableStore, CachingBase):
         super().record_memory_history(enabled, max_entries, clear_history)
         with self._lock:  # a failure recorded in the history is the slow path's
             self._state[L.S_FAIL_LIMIT] = self._fail_limit()
+            self._arm()
 
     record_memory_history.__doc__ = CachingBase.record_memory_history.__doc__
 
@@ -132,18 +139,20 @@ class CachingAllocator(TableStore, CachingBase):
     # under the lock; everything unusual goes to CachingBase.
     def allocate_raw(self, num_bytes: int, alignment: int = C.MIN_BLOCK_SIZE,
                      attributes=None) -> int:
-        if (type(num_bytes) is not int or not 0 < num_bytes < ONE_EIB
-                or type(alignment) is not int or not 0 < alignment <= C.MIN_BLOCK_SIZE
-                or alignment & (alignment - 1) or self._history is not None
-                or attributes is not None):
+        state, kernel, largest = self._fast_allocate
+        # The default alignment (the same object as MIN_BLOCK_SIZE) is tested first.
+        if not (type(num_bytes) is int and 0 < num_bytes <= largest and attributes is None
+                and (alignment is C.MIN_BLOCK_SIZE
+                     or (type(alignment) is int and 0 < alignment <= C.MIN_BLOCK_SIZE
+                         and not alignment & (alignment - 1)))):
             return super().allocate_raw(num_bytes, alignment, attributes)
-        p = _ALLOCATE.call(self._state, num_bytes, False)
+        p = kernel.call(state, num_bytes, False)
         if p > 0:
             return p
         if p == _FAILED_HERE:
             raise self._failed_here(num_bytes)
         with self._lock:
-            p = _ALLOCATE.call(self._state, num_bytes, True)
+            p = kernel.call(state, num_bytes, True)
             if p > 0:
                 return p
             if p == _FAILED_HERE:
@@ -154,14 +163,15 @@ class CachingAllocator(TableStore, CachingBase):
             return self._malloc(num_bytes)
 
     def deallocate_raw(self, ptr: int | None) -> None:
-        if type(ptr) is not int or not 0 < ptr <= MAX_INT64 or self._history is not None:
+        state, kernel, largest = self._fast_deallocate
+        if type(ptr) is not int or not 0 < ptr <= largest:
             return super().deallocate_raw(ptr)
-        if _DEALLOCATE.call(self._state, ptr, False) >= 0:
+        if kernel.call(state, ptr, False) >= 0:
             return
         with self._lock:
             if self._deferred_frees is not None:
                 return self._free(ptr)  # a free while the slow path holds blocks: later
-            if _DEALLOCATE.call(self._state, ptr, True) < 0:
+            if kernel.call(state, ptr, True) < 0:
                 self._free(ptr)  # not live: the base class names the problem
 
     # ------------------------------------------------------------------ table store

@@ -119,8 +119,8 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
 
     def deallocate_raw(self, ptr: int | None) -> None:
         # Lock-free first (the kernel steps aside when a give-back may become due).
-        if (type(ptr) is int and 0 < ptr <= MAX_INT64 and self._timing_counter is None
-                and self._DEALLOCATE.call(self._state, ptr, False) >= 0):
+        state, kernel, largest = self._fast_deallocate
+        if type(ptr) is int and 0 < ptr <= largest and kernel.call(state, ptr, False) >= 0:
             return
         super().deallocate_raw(ptr)
 
