@@ -326,7 +326,14 @@ class CachingAllocator(TableStore, CachingBase):
         return out
 
     def _stat_array(self) -> np.ndarray:
-        return self._stats
+        stats = self._stats
+        for kept, mirror in C.MIRRORED_STATS:  # what the kernels leave out
+            stats[mirror] = stats[kept]
+        return stats
+
+    def _stat_rows(self) -> list:
+        # The rows of the first four statistics only: none is mirrored.
+        return self._stats[:C.RESERVED_BYTES + 1, 0].tolist()
 
     def _usage(self) -> tuple[int, int]:
         st = self._state  # .item(): no 3-D indexing, no NumPy scalar in between

@@ -96,6 +96,11 @@ REQUESTED_BYTES = np.int64(8)
 OVERSIZE_ALLOCATIONS = np.int64(9)
 OVERSIZE_SEGMENTS = np.int64(10)
 NUM_STATS = 11
+# Without streams PyTorch's active blocks are exactly the allocated ones: the
+# kernels keep ALLOCATION and ALLOCATED_BYTES only, and the façade copies them
+# into ACTIVE and ACTIVE_BYTES when it reads the statistics (a fifth less
+# statistics work per operation).
+MIRRORED_STATS = ((ALLOCATION, ACTIVE), (ALLOCATED_BYTES, ACTIVE_BYTES))
 UP = np.int64(1)  # stat_update deltas of one
 DOWN = np.int64(-1)
 AGGREGATE_ONLY = np.int64(-1)  # stat_update's pool for the two oversize stats
@@ -309,10 +314,8 @@ def take_block(chunks, bins, regions, pmap, state, h, requested):
     chunks[h]["allocation_id"] = state[S_NEXT_ALLOCATION_ID]
     state[S_NEXT_ALLOCATION_ID] += 1
     state[S_LARGEST_ALLOC_SIZE] = max(state[S_LARGEST_ALLOC_SIZE], block)
-    stat_update(state, ALLOCATION, pool, UP)
-    stat_update(state, ALLOCATED_BYTES, pool, block)
-    stat_update(state, ACTIVE, pool, UP)
-    stat_update(state, ACTIVE_BYTES, pool, block)
+    stat_update(state, ALLOCATION, pool, UP)  # and ACTIVE (MIRRORED_STATS)
+    stat_update(state, ALLOCATED_BYTES, pool, block)  # and ACTIVE_BYTES
     stat_update(state, REQUESTED_BYTES, pool, requested)
     if block >= state[C_MAX_SPLIT_SIZE]:
         stat_update(state, OVERSIZE_ALLOCATIONS, AGGREGATE_ONLY, UP)
@@ -512,8 +515,8 @@ def caching_deallocate(chunks, bins, regions, pmap, state, ptr):
     pool = regions[chunks[h]["region"]]["bin"]
     size = chunks[h]["size"]
     requested = chunks[h]["requested_size"]
-    stat_update(state, ALLOCATION, pool, DOWN)
-    stat_update(state, ALLOCATED_BYTES, pool, -size)
+    stat_update(state, ALLOCATION, pool, DOWN)  # and ACTIVE (MIRRORED_STATS)
+    stat_update(state, ALLOCATED_BYTES, pool, -size)  # and ACTIVE_BYTES
     if size >= state[C_MAX_SPLIT_SIZE]:
         stat_update(state, OVERSIZE_ALLOCATIONS, AGGREGATE_ONLY, DOWN)
     chunks[h]["allocation_id"] = -1
@@ -535,8 +538,6 @@ def caching_deallocate(chunks, bins, regions, pmap, state, ptr):
     if not is_expandable(chunks, regions, h):
         stat_update(state, INACTIVE_SPLIT, pool, net_blocks)
         stat_update(state, INACTIVE_SPLIT_BYTES, pool, net_bytes)
-    stat_update(state, ACTIVE, pool, DOWN)
-    stat_update(state, ACTIVE_BYTES, pool, -size)
     stat_update(state, REQUESTED_BYTES, pool, -requested)
     return size
 
