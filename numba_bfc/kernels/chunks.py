@@ -47,7 +47,7 @@ def round_up(n, quantum):
 
 
 @intrinsic
-def _floor_log2(typingctx, v):
+def floor_log2(typingctx, v):
     """``floor(log2(v))`` of an int64 ``v`` > 0, in one instruction (``ctlz``),
     as TF's ``Log2FloorNonZero``."""
     def codegen(context, builder, signature, args):
@@ -63,7 +63,7 @@ def _floor_log2(typingctx, v):
 @helper
 def bin_for_size(n, min_allocation, num_bins):
     """TF's ``BinNumForSize``: ``min(num_bins-1, floor(log2(max(n, min) / min)))``."""
-    return min(num_bins - 1, _floor_log2(max(n, min_allocation) // min_allocation))
+    return min(num_bins - 1, floor_log2(max(n, min_allocation) // min_allocation))
 
 
 @njit(cache=True, inline="always")

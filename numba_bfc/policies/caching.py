@@ -23,6 +23,7 @@ from ..kernels.chunks import (
     IGNORE_TIMESTAMPS,
     SEPARATE_REGIONS,
     add_region,
+    floor_log2,
     insert_free,
     largest_free_chunk,
     merge_chunks,
@@ -144,16 +145,6 @@ C_RETRIED = C_FAILED_HERE + 1  # how many it served after releasing the cache (l
 # from a batch's: the façade adds them to its counters when it reads them.
 C_FAILED_ALONE = C_RETRIED + 1
 CACHING_STATE_SIZE = C_FAILED_ALONE + 1
-
-
-@njit(cache=True, inline="always")
-def floor_log2(n):
-    """``floor(log2(n))`` for ``n >= 1``."""
-    k = 0
-    while n > 1:
-        n >>= 1
-        k += 1
-    return k
 
 
 @inner
