@@ -13,8 +13,9 @@ through the peers' own ``compare.py`` (``--peers``, built with its
 ``setup.sh``; without it the peer columns are left out), the ``compact``
 policy on the same traces and limits, a failed allocation, ``min_limit``,
 allocate+free pairs through the API, and cold and warm starts in fresh
-processes (with ``--before``, those last four on the earlier code too, side
-by side). ``--write`` replaces the text between the page's
+processes (with ``--before``, every policy's replays and those last four on
+the earlier code too, side by side, in turns, the least of ``--rounds``
+processes each). ``--write`` replaces the text between the page's
 ``<!-- speed-report:begin -->`` and ``<!-- speed-report:end -->`` markers;
 without it the section is printed.
 """
@@ -198,26 +199,88 @@ def _python(code: str, args=(), tree: str | None = None, cache: str | None = Non
     return out.splitlines()[-1].split()
 
 
-def oom_section(before: str | None) -> list[str]:
-    trees = [("now", None)] + ([("before", before)] if before else [])
+def _interleaved(code: str, args, trees, rounds: int) -> dict[str, list[float]]:
+    """Each tree's figures from ``code`` (its last output line): the least of
+    ``rounds`` fresh processes each, the trees taking turns, so that a slow
+    spell of the machine (it moves figures by up to 2x from process to
+    process here) is not read as a difference between them."""
+    best: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for label, tree in trees:
+            figures = [float(x) for x in _python(code, args, tree)]
+            old = best.get(label, figures)
+            best[label] = [min(a, b) for a, b in zip(old, figures)]
+    return best
+
+
+def _trees(before: str | None) -> list[tuple[str, str | None]]:
+    return [("now", None)] + ([("before", before)] if before else [])
+
+
+_REPLAY_NS = r"""
+import sys
+from numba_bfc.traces import replay
+from numba_bfc.traces.data import bundled_names, load_bundled
+policy, factor, repeat = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+out = []
+for name in bundled_names():
+    trace = load_bundled(name)
+    limit = int(factor * int(trace.live_bytes().max())) if factor else None
+    replay(trace, policy, limit=limit)
+    best = min(replay(trace, policy, limit=limit).seconds for _ in range(repeat))
+    out.append(best / len(trace) * 1e9)
+print(*out)
+"""
+
+
+def before_section(before: str | None, repeat: int, rounds: int) -> list[str]:
+    """Batch replay of every policy on this code and the earlier code, side by
+    side (the peers' table above has only this code)."""
+    if not before:
+        return []
+    policies = ("bfc", "caching", "compact")
+    names = bundled_names()
+    lines = []
+    for label, factor in LIMITS:
+        lines += [f"Batch replay on this code and the earlier code, ns per event, limit "
+                  f"{label} (best of {repeat} replays, the least of {rounds} processes each, "
+                  f"the two codes taking turns):", "",
+                  "| trace | " + " | ".join(f"{p} now | {p} before" for p in policies) + " |",
+                  "|---|" + "---:|" * (2 * len(policies))]
+        columns = []
+        for policy in policies:
+            got = _interleaved(_REPLAY_NS, [policy, str(factor or 0), str(repeat)],
+                               _trees(before), rounds)
+            columns += [got["now"], got["before"]]
+        for k, name in enumerate(names):
+            lines.append(f"| {name} | " + " | ".join(f"{c[k]:.0f}" for c in columns) + " |")
+        lines.append("")
+    return lines
+
+
+def oom_section(before: str | None, rounds: int) -> list[str]:
+    trees = _trees(before)
     lines = ["A failed allocation (48 MiB into a 64 MiB limit with 20 MiB free in 1 MiB holes, "
-             "after the whole slow path), us per failure, median of 5 rounds; the error "
+             "after the whole slow path), us per failure, median of 5 rounds, the least of "
+             f"{rounds} processes; the error "
              "caught and nothing read, its message read (`str(e)`), and its report read "
              "too (`e.occupancy`):", "",
              "| policy | code | caught | `str(e)` | `str(e)`, `e.occupancy` |",
              "|---|---|---:|---:|---:|"]
     for policy in ("bfc", "caching", "compact"):
-        for label, tree in trees:
-            caught, message, report = map(float, _python(_FAILURES, [policy], tree))
+        got = _interleaved(_FAILURES, [policy], trees, rounds)
+        for label, _ in trees:
+            caught, message, report = got[label]
             lines.append(f"| {policy} | {label} | {caught:.1f} | {message:.1f} | {report:.1f} |")
     lines += ["", "`min_limit` (bisection of the smallest limit; every probe below it fails), "
-              "seconds, after one untimed call:", "",
+              f"seconds, after one untimed call, the least of {rounds} processes:", "",
               "| trace, policy | replays | code | seconds |", "|---|---:|---|---:|"]
     for name, policy in (("gpt_train", "bfc"), ("gpt_train", "caching"),
                          ("generate_kv", "caching")):
-        for label, tree in trees:
-            seconds, replays = _python(_MIN_LIMIT, [name, policy], tree)
-            lines.append(f"| {name}, {policy} | {replays} | {label} | {float(seconds):.3f} |")
+        got = _interleaved(_MIN_LIMIT, [name, policy], trees, rounds)
+        for label, _ in trees:
+            seconds, replays = got[label]
+            lines.append(f"| {name}, {policy} | {replays:.0f} | {label} | {seconds:.3f} |")
     lines.append("")
     return lines
 
@@ -247,15 +310,17 @@ print(per_pair(1000), per_pair(1_000_000))
 """
 
 
-def pair_section(before: str | None) -> list[str]:
-    trees = [("now", None)] + ([("before", before)] if before else [])
+def pair_section(before: str | None, rounds: int) -> list[str]:
+    trees = _trees(before)
     lines = ["Allocate+free pair through the API (`deallocate_raw` then `allocate_raw`, "
-             "256 B - 4 KiB), us per pair, median of 7 rounds of 2000:", "",
+             "256 B - 4 KiB), us per pair, median of 7 rounds of 2000, the least of "
+             f"{rounds} processes:", "",
              "| allocator | code | 1,000 live | 1,000,000 live | ratio |",
              "|---|---|---:|---:|---:|"]
     for cls in ("BFCAllocator", "CachingAllocator", "CompactAllocator"):
-        for label, tree in trees:
-            small, big = map(float, _python(_PAIRS, [cls], tree))
+        got = _interleaved(_PAIRS, [cls], trees, rounds)
+        for label, _ in trees:
+            small, big = got[label]
             lines.append(f"| {cls} | {label} | {small:.2f} | {big:.2f} | {big / small:.2f} |")
     lines.append("")
     return lines
@@ -282,17 +347,25 @@ print(t1 - t0, time.perf_counter() - t1)
 """
 
 
-def start_section(before: str | None) -> list[str]:
-    trees = [("now", None)] + ([("before", before)] if before else [])
+def start_section(before: str | None, rounds: int) -> list[str]:
+    trees = _trees(before)
     lines = ["Start-up in a fresh process, seconds: `import numba_bfc`, then the first "
              "allocation (BFC, 1000 B), replay (BFC, `generate_kv`) or plan (`generate_kv`), "
-             "with an empty Numba cache and with the cache that run left (best of 3):", "",
+             "with an empty Numba cache and with the cache that run left (best of 3); the "
+             f"least of {rounds} such runs, the two codes taking turns:", "",
              "| first | code | import | empty cache | warm cache |", "|---|---|---:|---:|---:|"]
     for what in ("allocation", "replay", "plan"):
-        for label, tree in trees:
-            with tempfile.TemporaryDirectory() as cache:
-                imported, cold = map(float, _python(_START, [what], tree, cache))
-                warm = min(float(_python(_START, [what], tree, cache)[1]) for _ in range(3))
+        best: dict[str, tuple[float, float, float]] = {}
+        for _ in range(rounds):
+            for label, tree in trees:
+                with tempfile.TemporaryDirectory() as cache:
+                    imported, cold = map(float, _python(_START, [what], tree, cache))
+                    warm = min(float(_python(_START, [what], tree, cache)[1])
+                               for _ in range(3))
+                old = best.get(label, (imported, cold, warm))
+                best[label] = (min(old[0], imported), min(old[1], cold), min(old[2], warm))
+        for label, _ in trees:
+            imported, cold, warm = best[label]
             lines.append(f"| {what} | {label} | {imported:.2f} | {cold:.2f} | {warm:.2f} |")
     lines.append("")
     return lines
@@ -302,11 +375,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--peers", help="the peers' folder (with compare.py and built bin/)")
     ap.add_argument("--repeat", type=int, default=5, help="best of N replays (default 5)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="fresh processes per figure measured in one (default 3): the least "
+                         "is kept")
     ap.add_argument("--write", metavar="PAGE",
                     help="replace the marked section of this file (docs/performance.md)")
     ap.add_argument("--before", metavar="TREE",
-                    help="a checkout of earlier code: failures, min_limit, pairs and start-up "
-                         "are also measured on it, side by side")
+                    help="a checkout of earlier code: replays, failures, min_limit, pairs and "
+                         "start-up are also measured on it, side by side")
     args = ap.parse_args(argv)
     cpu = platform.processor() or platform.machine()
     before = ""
@@ -317,16 +393,18 @@ def main(argv=None) -> int:
     lines = [BEGIN, "",
              f"Generated by `python benchmarks/speed_report.py"
              f"{' --peers PEERS' if args.peers else ''}"
-             f"{' --before TREE' if args.before else ''} --write {args.write or 'PAGE'}` on "
+             f"{' --before TREE' if args.before else ''} --repeat {args.repeat} --rounds "
+             f"{args.rounds} --write {args.write or 'PAGE'}` on "
              f"{time.strftime('%Y-%m-%d')}: {os.cpu_count()} cores ({cpu}), Python "
              f"{platform.python_version()}, one run, nothing else running. Every figure of a "
              f"table comes from the same run.{before}", ""]
     lines += replay_section(args.peers, args.repeat)
+    lines += before_section(args.before, args.repeat, args.rounds)
     if args.peers:
         lines += warm_section(args.peers, args.repeat)
-    lines += oom_section(args.before)
-    lines += pair_section(args.before)
-    lines += start_section(args.before)
+    lines += oom_section(args.before, args.rounds)
+    lines += pair_section(args.before, args.rounds)
+    lines += start_section(args.before, args.rounds)
     lines.append(END)
     text = "\n".join(lines)
     if not args.write:

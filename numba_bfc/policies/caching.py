@@ -445,11 +445,12 @@ def release_and_retry(chunks, bins, regions, state, size, pool):
     n = 0
     released = np.int64(0)  # not literals: lease_fall_back compiles once
     highest_end = np.int64(0)
+    # Nothing cached (every failure of a replay past its prefill, often): no pass.
     cached = state[C_STATS + ALLOCATED_BYTES * 12] != state[C_STATS + RESERVED_BYTES * 12]
-    for r in range(regions.shape[0]):
+    for r in range(regions.shape[0] if cached else 0):
         if regions[r]["size"] <= 0:
             continue
-        if not cached or region_in_use(chunks, regions, r):
+        if region_in_use(chunks, regions, r):
             highest_end = max(highest_end, regions[r]["base"] + regions[r]["size"])
             continue
         if n + 1 >= log_room:  # the frees and the new segment must fit in the log
