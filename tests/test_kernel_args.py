@@ -103,3 +103,34 @@ def test_the_batch_entry_refuses_wrong_dtypes_and_shapes(policy, ops, ids, sizes
     with pytest.raises((TypeError, ValueError)):
         a.run_batch(ops, ids, sizes)
     assert a.get_stats() == before
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_fast_paths_call_the_entry_point_once_a_first_call_compiled_it(policy,
+                                                                            monkeypatch):
+    """``allocate_raw`` and ``deallocate_raw`` read their kernel's call from a
+    tuple armed at construction. Armed before the kernel's first call, it holds
+    a call that compiles and re-arms; after it, the compiled entry point itself,
+    whichever call came first (here a batch grows the pool, so the first
+    ``allocate_raw`` succeeds lock-free). Neither keeps a reference cycle."""
+    import gc
+    import weakref
+
+    cls = type(make_allocator(policy))
+    for name in ("_ALLOCATE", "_DEALLOCATE"):  # handles no call has gone through yet
+        monkeypatch.setattr(cls, name, Kernel(getattr(cls, name).dispatcher))
+    a = make_allocator(policy)
+    assert not cls._ALLOCATE.resolved and a._fast_allocate[1] is not cls._ALLOCATE.call
+    gc.disable()
+    try:  # the call that re-arms holds its allocator weakly: no cycle to collect
+        ref = weakref.ref(make_allocator(policy))
+        assert ref() is None
+    finally:
+        gc.enable()
+    kept = a.run_batch(np.array([0]), np.array([0]), np.array([1 << 20]))
+    p = a.allocate_raw(1000)
+    a.deallocate_raw(p)
+    assert cls._ALLOCATE.resolved and cls._DEALLOCATE.resolved
+    assert a._fast_allocate[1] is cls._ALLOCATE.call
+    assert a._fast_deallocate[1] is cls._DEALLOCATE.call
+    assert a.allocate_raw(1000) == p and kept[0] > 0

@@ -42,6 +42,11 @@ class Kernel:
         self.call = self._first_call
         self.fast = False  # True once calls bypass the dispatcher
 
+    @property
+    def resolved(self) -> bool:
+        """True once ``call`` is what every later call goes through (after the first)."""
+        return self.call != self._first_call
+
     def _first_call(self, *args):
         result = self.dispatcher(*args)
         if not _enabled():

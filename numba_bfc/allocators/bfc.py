@@ -99,20 +99,20 @@ class BFCAllocator(TableStore, BFCBase):
     # under the lock; everything unusual goes to BFCBase.
     def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION,
                      attributes=None, *, freed_before: int = 0) -> int:
-        state, kernel, largest = self._fast_allocate
+        state, call, largest = self._fast_allocate
         # The common call, tested cheapest first (a default or small-int 256 is
         # the same object as MIN_ALLOCATION; any other alignment goes the long way).
         if not (alignment is MIN_ALLOCATION and attributes is None and not freed_before
                 and type(num_bytes) is int and 0 < num_bytes <= largest):
             return super().allocate_raw(num_bytes, alignment, attributes,
                                         freed_before=freed_before)
-        p = kernel.call(state, num_bytes, MIN_ALLOCATION, 0, False)
+        p = call(state, num_bytes, MIN_ALLOCATION, 0, False)
         if p > 0:
             return p
         if p == _FAILED_HERE:
             raise self._failed_here(num_bytes)
         with self._lock:
-            p = kernel.call(state, num_bytes, MIN_ALLOCATION, 0, True)
+            p = call(state, num_bytes, MIN_ALLOCATION, 0, True)
             if p > 0:
                 return p
             if p == _FAILED_HERE:
@@ -132,13 +132,13 @@ class BFCAllocator(TableStore, BFCBase):
                              self._state.item(L.S_FAILED_LARGEST_FREE))
 
     def deallocate_raw(self, ptr: int | None) -> None:
-        state, kernel, largest = self._fast_deallocate
+        state, call, largest = self._fast_deallocate
         if type(ptr) is not int or not 0 < ptr <= largest:
             return super().deallocate_raw(ptr)
-        if kernel.call(state, ptr, False) >= 0:
+        if call(state, ptr, False) >= 0:
             return
         with self._lock:
-            if kernel.call(state, ptr, True) < 0:
+            if call(state, ptr, True) < 0:
                 raise self._invalid_pointer(ptr)
 
     # ------------------------------------------------------------------ chunk store

@@ -139,20 +139,20 @@ class CachingAllocator(TableStore, CachingBase):
     # under the lock; everything unusual goes to CachingBase.
     def allocate_raw(self, num_bytes: int, alignment: int = C.MIN_BLOCK_SIZE,
                      attributes=None) -> int:
-        state, kernel, largest = self._fast_allocate
+        state, call, largest = self._fast_allocate
         # The default alignment (the same object as MIN_BLOCK_SIZE) is tested first.
         if not (type(num_bytes) is int and 0 < num_bytes <= largest and attributes is None
                 and (alignment is C.MIN_BLOCK_SIZE
                      or (type(alignment) is int and 0 < alignment <= C.MIN_BLOCK_SIZE
                          and not alignment & (alignment - 1)))):
             return super().allocate_raw(num_bytes, alignment, attributes)
-        p = kernel.call(state, num_bytes, False)
+        p = call(state, num_bytes, False)
         if p > 0:
             return p
         if p == _FAILED_HERE:
             raise self._failed_here(num_bytes)
         with self._lock:
-            p = kernel.call(state, num_bytes, True)
+            p = call(state, num_bytes, True)
             if p > 0:
                 return p
             if p == _FAILED_HERE:
@@ -163,15 +163,15 @@ class CachingAllocator(TableStore, CachingBase):
             return self._malloc(num_bytes)
 
     def deallocate_raw(self, ptr: int | None) -> None:
-        state, kernel, largest = self._fast_deallocate
+        state, call, largest = self._fast_deallocate
         if type(ptr) is not int or not 0 < ptr <= largest:
             return super().deallocate_raw(ptr)
-        if kernel.call(state, ptr, False) >= 0:
+        if call(state, ptr, False) >= 0:
             return
         with self._lock:
             if self._deferred_frees is not None:
                 return self._free(ptr)  # a free while the slow path holds blocks: later
-            if kernel.call(state, ptr, True) < 0:
+            if call(state, ptr, True) < 0:
                 self._free(ptr)  # not live: the base class names the problem
 
     # ------------------------------------------------------------------ table store
