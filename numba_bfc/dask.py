@@ -48,7 +48,14 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ._html import grid
 from .allocators import POLICIES
 from .stats import format_bytes
-from .traces import MinLimit, ReplayResult, Trace, prepare_sweep, run_sweep_task
+from .traces import (
+    MinLimit,
+    ReplayResult,
+    Trace,
+    prepare_sweep,
+    run_sweep_task,
+    traces_on_cluster,
+)
 
 _STATUS: dict[str, Any] = {"configured": False, "status": "numba_bfc plugin not run here"}
 # Stats fields summed over the cluster; the rest (peaks of different
@@ -260,9 +267,11 @@ def sweep(client: Any, traces: Sequence[Trace | str | os.PathLike],
           progress: bool | TextIO = False, **options: Any) -> list[ReplayResult | MinLimit]:
     """``numba_bfc.traces.sweep`` on a Dask cluster: every replay a task.
 
-    Each trace is sent to every worker once (``client.scatter(...,
-    broadcast=True)``), so a worker that dies takes no trace with it: Dask
-    runs its unfinished tasks again on the others, and the sweep completes.
+    Each trace is the result of a task of its own
+    (``numba_bfc.traces.traces_on_cluster``), so a worker that dies takes no
+    trace with it for good: Dask runs its unfinished tasks again on the
+    others (and the trace task, if its result died with it), and the sweep
+    completes.
     Replays are deterministic, so the results equal the local sweep's, in the
     same order; only the timings (``seconds``, ``compile_seconds``) differ.
 
@@ -281,7 +290,7 @@ def sweep(client: Any, traces: Sequence[Trace | str | os.PathLike],
         One per ``sweep_tasks(traces, policies, limits, min_limit=min_limit)``, in its order.
     """
     traces, tasks = prepare_sweep(traces, policies, limits, min_limit)
-    on_workers = client.scatter(traces, broadcast=True, hash=False)
+    on_workers = traces_on_cluster(client, traces)
     run_id = uuid.uuid4().hex[:8]
     kind = "min_limit" if min_limit else "replay"
     futures = [client.submit(run_sweep_task, on_workers[task.trace], task, options,

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .stats import format_bytes
-from .traces import MAX_LIMIT, Trace, min_limit, replay
+from .traces import MAX_LIMIT, Trace, min_limit, replay, traces_on_cluster
 
 __all__ = ["DEFAULTS", "KNOBS", "Baseline", "Candidate", "TuneResult", "caching_options",
            "evaluate", "knob_values", "pytorch_conf", "tune"]
@@ -392,7 +392,7 @@ class _Runner:
         self.candidates: list[Candidate] = []
         self._seen: dict[tuple, Candidate] = {}
         self._done = self._total = 0
-        self._remote = client.scatter(trace, broadcast=True, hash=False) if client else None
+        self._remote = traces_on_cluster(client, [trace])[0] if client else None
 
     def expect(self, more: int) -> None:
         self._total += more

@@ -23,6 +23,7 @@ from numba_bfc.dask import (  # noqa: E402
     worker_status,
 )
 from numba_bfc.traces import sweep as local_sweep  # noqa: E402
+from numba_bfc.traces import traces_on_cluster  # noqa: E402
 from numba_bfc.traces.data import bundled_names, load_bundled  # noqa: E402
 from numba_bfc.traces.synthetic import GENERATORS  # noqa: E402
 
@@ -178,6 +179,24 @@ def test_a_worker_killed_mid_sweep_costs_only_its_tasks(client):
     while busy[0] in client.scheduler_info()["workers"] and time.monotonic() < deadline:
         time.sleep(0.05)  # the nanny starts a new worker process, at a new address
     assert busy[0] not in client.scheduler_info()["workers"]
+
+
+def test_a_trace_whose_only_copy_dies_with_its_worker_is_made_again(client):
+    """Sweeps take their traces from ``traces_on_cluster``, not from scattered
+    data: Dask's active memory manager leaves one copy of data that no waiting
+    task needs (scattered data broadcast to every worker too), and a worker
+    that dies with the last copy of scattered data loses it for good, failing
+    every task that needs it (the flaky failures of the test above)."""
+    trace = GENERATORS["steady_state"](iterations=20, seed=7)
+    [future] = traces_on_cluster(client, [trace])
+    distributed.wait(future)
+    holders = list(client.who_has(future)[future.key])
+    assert len(holders) == 1
+    client.run(_die, workers=holders, wait=False)
+    deadline = time.monotonic() + 60
+    while holders[0] in client.scheduler_info()["workers"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert np.array_equal(future.result(timeout=60).ops, trace.ops)
 
 
 def test_unknown_policy_is_refused_before_reaching_a_worker():

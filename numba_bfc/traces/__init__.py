@@ -33,7 +33,14 @@ from .rmm_log import (
 from .rmm_log import (
     EVENT_DTYPE as RMM_EVENT_DTYPE,
 )
-from .sweep import SweepTask, prepare_sweep, run_sweep_task, sweep, sweep_tasks
+from .sweep import (
+    SweepTask,
+    prepare_sweep,
+    run_sweep_task,
+    sweep,
+    sweep_tasks,
+    traces_on_cluster,
+)
 from .torch_io import assign_ids, capture_torch
 from .trace import (
     EVENT_DTYPE,
@@ -78,6 +85,7 @@ __all__ = [
     "run_sweep_task",
     "sweep",
     "sweep_tasks",
+    "traces_on_cluster",
     "write_rmm_log",
     "write_trace",
 ]

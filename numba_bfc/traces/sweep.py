@@ -22,7 +22,8 @@ from .replay import MAX_LIMIT, POLICIES, MinLimit, ReplayResult, replay
 from .replay import min_limit as find_min_limit
 from .trace import Trace
 
-__all__ = ["SweepTask", "prepare_sweep", "run_sweep_task", "sweep", "sweep_tasks"]
+__all__ = ["SweepTask", "prepare_sweep", "run_sweep_task", "sweep", "sweep_tasks",
+           "traces_on_cluster"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,35 @@ def sweep_tasks(traces: Sequence[Trace], policies: Iterable[str],
                 for i in range(len(traces)) for policy in policies]
     return [SweepTask(i, policy, limit)
             for i in range(len(traces)) for policy in policies for limit in limits]
+
+
+def _the_trace(trace: Trace) -> Trace:
+    return trace
+
+
+def traces_on_cluster(client: Any, traces: Sequence[Trace]) -> list[Any]:
+    """Each trace as the result of a Dask task of its own, for the tasks that
+    replay it to take as their argument (``run_sweep_task``).
+
+    Not ``client.scatter``: the scheduler cannot compute scattered data again,
+    and even data broadcast to every worker loses its copies to Dask's active
+    memory manager (``ReduceReplicas``, on by default), which drops those no
+    waiting task needs. A worker that dies may then take the last copy with it
+    and fail the sweep. A task's result, lost with its worker, is computed
+    again from the task: a worker that dies costs only the tasks it was
+    running. Each worker fetches a trace once, when its first task needs it.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    traces : sequence of Trace
+
+    Returns
+    -------
+    list of distributed.Future
+        One per trace, in order.
+    """
+    return [client.submit(_the_trace, trace, pure=False) for trace in traces]
 
 
 def run_sweep_task(trace: Trace, task: SweepTask,
