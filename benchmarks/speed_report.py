@@ -39,8 +39,25 @@ MiB = 1 << 20
 LIMITS = (("80 GiB", None), ("1.25x peak live", 1.25))
 
 
-def peer_rows(peers: str, factor: float | None, repeat: int) -> list[dict]:
-    """``compare.py``'s JSON rows for every bundled trace at one limit."""
+def peer_rows(peers: str, factor: float | None, repeat: int, rounds: int = 1) -> list[dict]:
+    """``compare.py``'s JSON rows for every bundled trace at one limit; with
+    ``rounds`` runs, each side's least time of them (and identical only if
+    identical in every run)."""
+    merged: dict[tuple[str, str], dict] = {}
+    for _ in range(rounds):
+        for row in _compare_once(peers, factor, repeat):
+            key = (row["trace"], row["policy"])
+            if key not in merged:
+                merged[key] = row
+                continue
+            kept = merged[key]
+            for side in ("project_seconds", "peer_seconds"):
+                kept[side] = min(kept[side], row[side])
+            kept["identical"] = kept["identical"] and row["identical"]
+    return list(merged.values())
+
+
+def _compare_once(peers: str, factor: float | None, repeat: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
         cmd = [sys.executable, os.path.join(peers, "compare.py"), "--repeat", str(repeat),
@@ -54,21 +71,13 @@ def peer_rows(peers: str, factor: float | None, repeat: int) -> list[dict]:
             return json.load(f)
 
 
-def compact_ns(name: str, limit: int | None, repeat: int) -> tuple[float, int]:
-    """Best-of-``repeat`` batch replay ns/event of ``compact`` (as ``compare.py``
-    times the others: ``ReplayResult.seconds``, after one untimed replay)."""
-    trace = load_bundled(name)
-    replay(trace, "compact", limit=limit)
-    best = min((replay(trace, "compact", limit=limit) for _ in range(repeat)),
-               key=lambda r: r.seconds)
-    return best.seconds / len(trace) * 1e9, best.ooms
-
-
-def replay_section(peers: str | None, repeat: int) -> list[str]:
+def replay_section(peers: str | None, repeat: int, rounds: int) -> list[str]:
     lines = []
     for label, factor in LIMITS:
-        rows = peer_rows(peers, factor, repeat) if peers else []
+        rows = peer_rows(peers, factor, repeat, rounds) if peers else []
         by = {(r["trace"], r["policy"]): r for r in rows}
+        compact = _interleaved(_REPLAY_NS, ["compact", str(factor or 0), str(repeat)],
+                               _trees(None), rounds)["now"]
         head = "| trace | events | OOMs bfc / caching / compact |"
         rule = "|---|---:|---:|"
         if peers:
@@ -76,13 +85,15 @@ def replay_section(peers: str | None, repeat: int) -> list[str]:
             rule += "---:|---:|---:|---:|---:|---:|"
         head += " compact | compact / bfc |"
         rule += "---:|---:|"
-        lines += [f"Batch replay, ns per event, limit {label}:", "", head, rule]
+        lines += [f"Batch replay, ns per event, limit {label} (best of {repeat} replays, the "
+                  f"least of {rounds} processes each):", "", head, rule]
         ratios = {"bfc": [], "caching": [], "compact": []}
-        for name in bundled_names():
+        names = bundled_names()
+        for k, name in enumerate(names):
             trace = load_bundled(name)
             peak = int(trace.live_bytes().max())
             limit = int(factor * peak) if factor else None
-            cns, cooms = compact_ns(name, limit, repeat)
+            cns, cooms = compact[k], int(compact[len(names) + k])
             if peers:
                 b, c = by[(name, "bfc")], by[(name, "caching")]
                 bns = b["project_seconds"] / b["events"] * 1e9
@@ -222,14 +233,14 @@ import sys
 from numba_bfc.traces import replay
 from numba_bfc.traces.data import bundled_names, load_bundled
 policy, factor, repeat = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-out = []
+out, ooms = [], []
 for name in bundled_names():
     trace = load_bundled(name)
     limit = int(factor * int(trace.live_bytes().max())) if factor else None
-    replay(trace, policy, limit=limit)
+    ooms.append(replay(trace, policy, limit=limit).ooms)
     best = min(replay(trace, policy, limit=limit).seconds for _ in range(repeat))
     out.append(best / len(trace) * 1e9)
-print(*out)
+print(*out, *ooms)  # ns per event, then failures, trace by trace
 """
 
 
@@ -398,7 +409,7 @@ def main(argv=None) -> int:
              f"{time.strftime('%Y-%m-%d')}: {os.cpu_count()} cores ({cpu}), Python "
              f"{platform.python_version()}, one run, nothing else running. Every figure of a "
              f"table comes from the same run.{before}", ""]
-    lines += replay_section(args.peers, args.repeat)
+    lines += replay_section(args.peers, args.repeat, args.rounds)
     lines += before_section(args.before, args.repeat, args.rounds)
     if args.peers:
         lines += warm_section(args.peers, args.repeat)
