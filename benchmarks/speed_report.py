@@ -212,12 +212,13 @@ def _python(code: str, args=(), tree: str | None = None, cache: str | None = Non
 
 def _interleaved(code: str, args, trees, rounds: int) -> dict[str, list[float]]:
     """Each tree's figures from ``code`` (its last output line): the least of
-    ``rounds`` fresh processes each, the trees taking turns, so that a slow
-    spell of the machine (it moves figures by up to 2x from process to
-    process here) is not read as a difference between them."""
+    ``rounds`` fresh processes each, the trees taking turns (and turns at
+    going first), so that a slow spell of the machine (it moves figures by up
+    to 2x from process to process here) is not read as a difference between
+    them."""
     best: dict[str, list[float]] = {}
-    for _ in range(rounds):
-        for label, tree in trees:
+    for r in range(rounds):
+        for label, tree in trees if r % 2 == 0 else trees[::-1]:  # neither always first
             figures = [float(x) for x in _python(code, args, tree)]
             old = best.get(label, figures)
             best[label] = [min(a, b) for a, b in zip(old, figures)]
@@ -367,8 +368,8 @@ def start_section(before: str | None, rounds: int) -> list[str]:
              "| first | code | import | empty cache | warm cache |", "|---|---|---:|---:|---:|"]
     for what in ("allocation", "replay", "plan"):
         best: dict[str, tuple[float, float, float]] = {}
-        for _ in range(rounds):
-            for label, tree in trees:
+        for r in range(rounds):
+            for label, tree in trees if r % 2 == 0 else trees[::-1]:
                 with tempfile.TemporaryDirectory() as cache:
                     imported, cold = map(float, _python(_START, [what], tree, cache))
                     warm = min(float(_python(_START, [what], tree, cache)[1])
