@@ -381,11 +381,13 @@ class CompactGrowth:
     def _cut_pieces(self, lo: int, hi: int) -> None:
         """Drop ``[lo, hi)`` from the record of backend pieces, keeping the
         outside parts of the pieces it cuts."""
-        i = max(self._pieces.bisect_right(lo) - 1, 0)
-        for ptr in list(self._pieces.islice(i)):
-            if ptr >= hi:
-                break
-            size, space = self._pieces[ptr]
+        pieces = self._pieces
+        i = max(pieces.bisect_right(lo) - 1, 0)
+        if i >= len(pieces):
+            return
+        # Only the pieces the span may meet, not a copy of every key above it.
+        for ptr in list(pieces.irange(pieces.peekitem(i)[0], hi, inclusive=(True, False))):
+            size, space = pieces[ptr]
             if ptr + size <= lo:
                 continue
             del self._pieces[ptr]

@@ -239,12 +239,13 @@ class _RangeMap:
         if partial:
             if not self.covers(ptr, end):
                 raise ValueError(f"free({ptr:#x}, {end - ptr}): not inside mapped memory")
-            i = self.ranges.bisect_right(ptr) - 1
-            for start in list(self.ranges.islice(i)):
-                stop = self.ranges[start]
-                if start >= end:
-                    break
-                del self.ranges[start]
+            ranges = self.ranges
+            first = ranges.peekitem(ranges.bisect_right(ptr) - 1)[0]  # the one holding ptr
+            # Only the ranges the span meets: a list of the rest of the map would
+            # cost a copy of every key above it.
+            for start in list(ranges.irange(first, end, inclusive=(True, False))):
+                stop = ranges[start]
+                del ranges[start]
                 if start < ptr:
                     self.ranges[start] = ptr
                 if stop > end:
