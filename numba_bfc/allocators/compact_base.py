@@ -382,19 +382,19 @@ class CompactGrowth:
         """Drop ``[lo, hi)`` from the record of backend pieces, keeping the
         outside parts of the pieces it cuts."""
         pieces = self._pieces
-        i = max(pieces.bisect_right(lo) - 1, 0)
-        if i >= len(pieces):
+        if not pieces:
             return
+        first = pieces.peekitem(max(pieces.bisect_right(lo) - 1, 0))[0]
         # Only the pieces the span may meet, not a copy of every key above it.
-        for ptr in list(pieces.irange(pieces.peekitem(i)[0], hi, inclusive=(True, False))):
+        for ptr in list(pieces.irange(first, hi, inclusive=(True, False))):
             size, space = pieces[ptr]
             if ptr + size <= lo:
                 continue
-            del self._pieces[ptr]
+            del pieces[ptr]
             if ptr < lo:
-                self._pieces[ptr] = (lo - ptr, space)
+                pieces[ptr] = (lo - ptr, space)
             if ptr + size > hi:
-                self._pieces[hi] = (ptr + size - hi, space)
+                pieces[hi] = (ptr + size - hi, space)
 
     def _release_free_regions(self, rounded: int) -> bool:
         # BFC's garbage collection of whole free regions, generalised to free

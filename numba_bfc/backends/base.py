@@ -247,9 +247,9 @@ class _RangeMap:
                 stop = ranges[start]
                 del ranges[start]
                 if start < ptr:
-                    self.ranges[start] = ptr
+                    ranges[start] = ptr
                 if stop > end:
-                    self.ranges[end] = stop
+                    ranges[end] = stop
             return
         ranges = self.ranges
         pos, run = ptr, []

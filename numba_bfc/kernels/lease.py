@@ -54,11 +54,16 @@ def lease_next(state, at, nbytes, alignment):
 
 
 @njit(cache=True, inline="always")
+def _fallen_top(state, at, highest_end):
+    # Where a free leaves the top: the highest region still held, or the floor.
+    return max(state[at + LEASE_FLOOR], highest_end)
+
+
+@njit(cache=True, inline="always")
 def lease_next_after(state, at, nbytes, alignment, highest_end, released):
     """``lease_place`` on the lease as ``lease_fall_back(state, at,
     highest_end, released)`` would leave it. Changes nothing."""
-    return lease_place(state, at, nbytes, alignment,
-                       max(state[at + LEASE_FLOOR], highest_end),
+    return lease_place(state, at, nbytes, alignment, _fallen_top(state, at, highest_end),
                        state[at + LEASE_ROOM] + released)
 
 
@@ -76,5 +81,5 @@ def lease_fall_back(state, at, highest_end, released):
     are all the backend holds and the highest ends at ``highest_end`` (0 if
     none): the top falls back to there (or to the floor), and the room grows
     by what was given back."""
-    state[at + LEASE_TOP] = max(state[at + LEASE_FLOOR], highest_end)
+    state[at + LEASE_TOP] = _fallen_top(state, at, highest_end)
     state[at + LEASE_ROOM] += released

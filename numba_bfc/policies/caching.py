@@ -402,12 +402,18 @@ def _released_before(regions, a, b):
     return regions[a]["base"] < regions[b]["base"]
 
 
+@njit(cache=True, inline="always")
+def nothing_cached(state):
+    """True if every reserved byte is allocated: no free block anywhere."""
+    return state[C_STATS + ALLOCATED_BYTES * 12] == state[C_STATS + RESERVED_BYTES * 12]
+
+
 @inner
 def nothing_to_release(chunks, regions, state):
     """True if PyTorch's release of the cached segments (``_release_cached_blocks``)
     finds none wholly free."""
-    if state[C_STATS + ALLOCATED_BYTES * 12] == state[C_STATS + RESERVED_BYTES * 12]:
-        return True  # nothing is cached
+    if nothing_cached(state):
+        return True
     for r in range(regions.shape[0]):
         if regions[r]["size"] > 0 and not region_in_use(chunks, regions, r):
             return False
@@ -446,8 +452,7 @@ def release_and_retry(chunks, bins, regions, state, size, pool):
     released = np.int64(0)  # not literals: lease_fall_back compiles once
     highest_end = np.int64(0)
     # Nothing cached (every failure of a replay past its prefill, often): no pass.
-    cached = state[C_STATS + ALLOCATED_BYTES * 12] != state[C_STATS + RESERVED_BYTES * 12]
-    for r in range(regions.shape[0] if cached else 0):
+    for r in range(0 if nothing_cached(state) else regions.shape[0]):
         if regions[r]["size"] <= 0:
             continue
         if region_in_use(chunks, regions, r):
