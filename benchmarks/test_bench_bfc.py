@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from numba_bfc import BFCAllocator, CachingAllocator
+from numba_bfc import BFCAllocator, CachingAllocator, CompactAllocator
 from numba_bfc.backends import VirtualSubAllocator
 from numba_bfc.demo import training_workload
 from numba_bfc.testing import ReferenceBFCAllocator, ReferenceCachingAllocator
@@ -66,6 +66,35 @@ def test_pair_scaling(benchmark, cls, live_count):
     a, live, churn = _churn_setup(cls, live_count, max_size=4096)
     benchmark.extra_info["pairs_per_round"] = PAIRS
     benchmark(_run_churn, a, live, churn)
+
+
+def _run_churn_on_kernels(a, live, churn):
+    """``_run_churn`` calling the compiled kernels the API's fast path calls
+    (``TableStore._arm_fast_paths``), with the arguments it passes, and no
+    Python method around them."""
+    state, allocate, _ = a._fast_allocate
+    _, deallocate, _ = a._fast_deallocate
+    if isinstance(a, CachingAllocator):
+        for slot, size in churn:
+            deallocate(state, live[slot], False)
+            live[slot] = allocate(state, size, False)
+    else:  # the BFC kernels' signature: alignment and timing count too
+        for slot, size in churn:
+            deallocate(state, live[slot], False)
+            live[slot] = allocate(state, size, 256, 0, False)
+
+
+@pytest.mark.benchmark(group="pair-parts")
+@pytest.mark.parametrize("calls", ["api", "kernels"])
+@pytest.mark.parametrize("cls", [BFCAllocator, CachingAllocator, CompactAllocator],
+                         ids=["bfc", "caching", "compact"])
+def test_pair_parts(benchmark, cls, calls):
+    """The allocate+free pair of ``pair-scaling`` (1,000 live, 256 B - 4 KiB)
+    through the API, and through the compiled kernels its fast path calls,
+    called directly: the difference is the Python methods' share."""
+    a, live, churn = _churn_setup(cls, 1000, max_size=4096)
+    benchmark.extra_info["pairs_per_round"] = PAIRS
+    benchmark(_run_churn if calls == "api" else _run_churn_on_kernels, a, live, churn)
 
 
 @pytest.mark.benchmark(group="batch")

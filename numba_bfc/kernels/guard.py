@@ -29,7 +29,7 @@ Kernels must therefore never be compiled with ``nogil=True``.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, types
+from numba import types
 from numba.core.extending import intrinsic
 
 from .jit import njit
@@ -54,13 +54,29 @@ INT64 = np.dtype(np.int64)
 
 
 @intrinsic
-def _pointer(typingctx, address, dtype):
-    """``address`` (an int) as a typed pointer to ``dtype`` items."""
-    item = dtype.dtype
-    sig = types.CPointer(item)(address, dtype)
+def _view(typingctx, address, rows, cols, dtype):
+    """The C-contiguous array of ``rows`` items of ``dtype`` at ``address``
+    (``rows`` x ``cols`` with ``cols`` > 0), owning no memory. One intrinsic
+    where ``numba.carray`` of a typed pointer costs an overload compiled per
+    dtype and a dozen typed statements per view at a cold start."""
+    two_d = isinstance(cols, types.Integer)
+    array_type = types.Array(dtype.dtype, 2 if two_d else 1, "C")
+    sig = array_type(address, rows, cols, dtype)
 
     def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(item)))
+        # Imported when a kernel compiles: importing the package loads no Numba lowering.
+        from numba.np.arrayobj import make_array, populate_array
+
+        address, rows, cols = args[0], args[1], args[2]
+        intp = context.get_value_type(types.intp)
+        item = context.get_data_type(array_type.dtype)
+        itemsize = intp(context.get_abi_sizeof(item))
+        shape = [rows, cols] if two_d else [rows]
+        strides = [builder.mul(cols, itemsize), itemsize] if two_d else [itemsize]
+        view = make_array(array_type)(context, builder)
+        populate_array(view, data=builder.inttoptr(address, item.as_pointer()),
+                       shape=shape, strides=strides, itemsize=itemsize, meminfo=None)
+        return view._getvalue()
 
     return sig, codegen
 
@@ -82,10 +98,10 @@ def table_views(state):
     a kernel's time), and every helper kernel is compiled for one set of
     argument types.
     """
-    chunks = carray(_pointer(state[S_CHUNKS_ADDR], CHUNK_DTYPE), (state[S_CHUNK_ROWS],))
-    bins = carray(_pointer(state[S_BINS_ADDR], BIN_DTYPE), (state[S_NUM_BINS],))
-    regions = carray(_pointer(state[S_REGIONS_ADDR], REGION_DTYPE), (state[S_REGION_ROWS],))
-    pmap = carray(_pointer(state[S_PMAP_ADDR], INT64), (state[S_PMAP_SLOTS], 2))
-    tsq = carray(_pointer(state[S_TSQ_ADDR], INT64), (state[S_TSQ_SLOTS], 2))
-    own = carray(_pointer(state.ctypes.data, INT64), (state.shape[0],))
+    chunks = _view(state[S_CHUNKS_ADDR], state[S_CHUNK_ROWS], None, CHUNK_DTYPE)
+    bins = _view(state[S_BINS_ADDR], state[S_NUM_BINS], None, BIN_DTYPE)
+    regions = _view(state[S_REGIONS_ADDR], state[S_REGION_ROWS], None, REGION_DTYPE)
+    pmap = _view(state[S_PMAP_ADDR], state[S_PMAP_SLOTS], 2, INT64)
+    tsq = _view(state[S_TSQ_ADDR], state[S_TSQ_SLOTS], 2, INT64)
+    own = _view(state.ctypes.data, state.shape[0], None, INT64)
     return chunks, bins, regions, pmap, tsq, own
