@@ -24,13 +24,65 @@ from numba_bfc.kernels.tree import (
     tree_successor,
 )
 
+# The helpers have no Python entry point (kernels.jit.inner): the tests below
+# call them through these kernels, which compile them as the operations do.
+
+@njit(cache=True)
+def _tree_lower_bound(chunks, root, size):
+    return tree_lower_bound(chunks, root, size)
+
+
+@njit(cache=True)
+def _tree_successor(chunks, h):
+    return tree_successor(chunks, h)
+
+
+@njit(cache=True)
+def _remove_free(chunks, bins, h):
+    return remove_free(chunks, bins, h)
+
+
+@njit(cache=True)
+def _new_row(chunks, state):
+    return new_row(chunks, state)
+
+
+@njit(cache=True)
+def _insert_free(chunks, bins, regions, state, h):
+    return insert_free(chunks, bins, regions, state, h)
+
+
+@njit(cache=True)
+def _map_remove(pmap, state, ptr):
+    return map_remove(pmap, state, ptr)
+
+
+@njit(cache=True)
+def _map_insert(pmap, state, ptr, h):
+    return map_insert(pmap, state, ptr, h)
+
+
+@njit(cache=True)
+def _map_lookup(pmap, ptr):
+    return map_lookup(pmap, ptr)
+
+
+@njit(cache=True)
+def _map_rehash(old, new, state):
+    return map_rehash(old, new, state)
+
+
+@njit(cache=True)
+def _bin_for_size(n, min_allocation, num_bins):
+    return bin_for_size(n, min_allocation, num_bins)
+
 
 def _in_order(chunks, bins, b):
-    h = tree_lower_bound(chunks, bins[b]["root"], 0)
+    h = _tree_lower_bound(chunks, bins[b]["root"], 0)
     out = []
     while h != -1:
         out.append((int(chunks[h]["size"]), int(chunks[h]["ptr"])))
-        h = tree_successor(chunks, h)
+        h = _tree_successor(chunks, h)
     return out
 
 
@@ -43,22 +95,22 @@ def test_treap_matches_sorted_list(seed):
     for _ in range(3000):
         if handles and rng.random() < 0.45:
             key = rng.choice(list(handles))
-            remove_free(chunks, bins, handles.pop(key))
+            _remove_free(chunks, bins, handles.pop(key))
             model.remove(key)
         else:
             size = 256 * rng.randint(1, 8)  # many equal sizes: ties broken by address
             ptr = 256 * rng.randint(1, 1 << 20)
             if (size, ptr) in handles:
                 continue
-            h = new_row(chunks, state)
+            h = _new_row(chunks, state)
             chunks[h]["size"], chunks[h]["ptr"], chunks[h]["region"] = size, ptr, 0
-            insert_free(chunks, bins, regions, state, h)
+            _insert_free(chunks, bins, regions, state, h)
             handles[(size, ptr)] = h
             model.add((size, ptr))
         assert bins[0]["num_chunks"] == len(model)
     assert _in_order(chunks, bins, 0) == list(model)
     for want in range(0, 256 * 10, 256):
-        h = tree_lower_bound(chunks, bins[0]["root"], want)
+        h = _tree_lower_bound(chunks, bins[0]["root"], want)
         i = model.bisect_left((want, -1))
         expect = model[i] if i < len(model) else None
         got = None if h == -1 else (int(chunks[h]["size"]), int(chunks[h]["ptr"]))
@@ -146,20 +198,20 @@ def test_pointer_map_matches_dict():
     for i in range(20000):
         if model and rng.random() < 0.5:
             key = rng.choice(list(model))
-            assert map_remove(pmap, state, key) == model.pop(key)
+            assert _map_remove(pmap, state, key) == model.pop(key)
         elif len(model) < (1 << 13) - 1:
             key = 256 * rng.randint(1, 1 << 30)
             if key not in model:
-                map_insert(pmap, state, key, i)
+                _map_insert(pmap, state, key, i)
                 model[key] = i
         assert state[L.S_MAP_COUNT] == len(model)
     for key, h in model.items():
-        assert map_lookup(pmap, key) == h
-    assert map_lookup(pmap, 256 * 3 + 7) == -1
-    assert map_remove(pmap, state, 12345 * 256 + 1) == -1
+        assert _map_lookup(pmap, key) == h
+    assert _map_lookup(pmap, 256 * 3 + 7) == -1
+    assert _map_remove(pmap, state, 12345 * 256 + 1) == -1
     bigger = np.zeros((1 << 15, 2), dtype=np.int64)
-    map_rehash(pmap, bigger, state)
-    assert all(map_lookup(bigger, k) == h for k, h in model.items())
+    _map_rehash(pmap, bigger, state)
+    assert all(_map_lookup(bigger, k) == h for k, h in model.items())
     assert state[L.S_MAP_COUNT] == len(model)
 
 
@@ -171,4 +223,4 @@ def test_bin_for_size_is_tf_formula(n):
     import math
 
     expect = min(20, int(math.floor(math.log2(max(n, 256) >> 8))))
-    assert bin_for_size(n, 256, 21) == expect
+    assert _bin_for_size(n, 256, 21) == expect

@@ -13,7 +13,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from .jit import helper, inner, njit
+from .jit import inner, njit
 from .layout import (
     NEED_ROWS,
     NO_HANDLE,
@@ -60,7 +60,7 @@ def floor_log2(typingctx, v):
     return types.int64(types.int64), codegen
 
 
-@helper
+@inner
 def bin_for_size(n, min_allocation, num_bins):
     """TF's ``BinNumForSize``: ``min(num_bins-1, floor(log2(max(n, min) / min)))``."""
     return min(num_bins - 1, floor_log2(max(n, min_allocation) // min_allocation))
@@ -73,7 +73,7 @@ def room_for_operation(pmap, state):
             and 2 * (state[S_MAP_COUNT] + 1) <= pmap.shape[0])
 
 
-@helper
+@inner
 def new_row(chunks, state):
     """Take a row off the free-handle list (the caller checked one is there)."""
     h = state[S_FREE_HEAD]
@@ -106,7 +106,7 @@ def release_row(chunks, state, h):
     state[S_FREE_ROWS] += 1
 
 
-@helper
+@inner
 def insert_free(chunks, bins, regions, state, h):
     """Put free chunk ``h`` into the bin for its size, or its region's bin, or
     the bin for its size in its region's space (``S_SPACE_BINS``)."""
@@ -120,7 +120,7 @@ def insert_free(chunks, bins, regions, state, h):
     tree_insert(chunks, bins, b, h)
 
 
-@helper
+@inner
 def remove_free(chunks, bins, h):
     """Take free chunk ``h`` out of its bin."""
     tree_remove(chunks, bins, np.int64(chunks[h]["bin"]), h)

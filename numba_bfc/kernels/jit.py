@@ -9,8 +9,10 @@ nobody calls a kernel that way). So:
   CPython wrapper, no C wrapper.
 - ``helper``: inlined into the operations by LLVM (``forceinline``: the calls
   between helpers pass several machine words per array, and cost more than
-  the work they do), and also called from Python (by the façade or tests).
-- ``inner``: a ``helper`` that only kernels call: no wrapper at all.
+  the work they do), and also called from Python by the façade.
+- ``inner``: a ``helper`` that only kernels call: no wrapper at all (tests
+  call one through a kernel of their own). A wrapper is compiled with its
+  function whether or not anything calls it from Python.
 
 All are cached (``cache=True``) and none releases the GIL (``kernels.guard``).
 

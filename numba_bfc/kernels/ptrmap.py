@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit import helper, inner, njit
+from .jit import inner, njit
 from .layout import NO_HANDLE, S_MAP_COUNT
 
 
@@ -22,7 +22,7 @@ def _slot(ptr, mask):
     return np.int64(x & np.uint64(mask))
 
 
-@helper
+@inner
 def map_insert(pmap, state, ptr, h):
     """Add ``ptr -> h`` (``ptr`` must not be present)."""
     mask = pmap.shape[0] - 1
@@ -47,7 +47,7 @@ def _find_slot(pmap, ptr):
         i = (i + 1) & mask
 
 
-@helper
+@inner
 def map_lookup(pmap, ptr):
     """Handle of the in-use chunk at ``ptr``, or -1."""
     if ptr <= 0:
@@ -58,7 +58,7 @@ def map_lookup(pmap, ptr):
     return pmap[i, 1]
 
 
-@helper
+@inner
 def map_remove(pmap, state, ptr):
     """Remove ``ptr``; returns its handle, or -1 if absent."""
     if ptr <= 0:
@@ -91,7 +91,7 @@ def map_remove(pmap, state, ptr):
     return h
 
 
-@helper
+@inner
 def map_rehash(old, new, state):
     """Move every entry of ``old`` into the empty table ``new``."""
     state[S_MAP_COUNT] = 0

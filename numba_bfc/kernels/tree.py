@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit import helper, inner, njit
+from .jit import inner, njit
 from .layout import BIN_DTYPE, CHUNK_DTYPE, NO_HANDLE
 
 
@@ -147,7 +147,7 @@ def tree_remove(chunks, bins, b, h):
     bins[b]["total_bytes"] -= chunks[h]["size"]
 
 
-@helper
+@inner
 def tree_lower_bound(chunks, root, size):
     """First chunk in order with ``size >= size`` (ties: lowest address), or -1."""
     best = NO_HANDLE
@@ -161,7 +161,7 @@ def tree_lower_bound(chunks, root, size):
     return best
 
 
-@helper
+@inner
 def tree_successor(chunks, h):
     """Next chunk in ``(size, ptr)`` order after ``h`` in the same bin, or -1."""
     x = chunks[h]["right"]
@@ -213,19 +213,19 @@ def _key_bound(chunks, root, size, ptr, below):
     return best
 
 
-@helper
+@inner
 def tree_key_lower_bound(chunks, root, size, ptr):
     """First node in order with key ``>= (size, ptr)``, or -1."""
     return _key_bound(chunks, root, size, ptr, False)
 
 
-@helper
+@inner
 def tree_key_before(chunks, root, size, ptr):
     """Last node in order with key ``< (size, ptr)``, or -1."""
     return _key_bound(chunks, root, size, ptr, True)
 
 
-@helper
+@inner
 def tree_min(chunks, root):
     """First node in order (the smallest key), or -1."""
     x = root
