@@ -3,7 +3,7 @@
 Compiling is what a cold start costs (about 0.3 s per function here), and
 Numba spends much of it on wrappers a function may never need: the CPython
 wrapper (for calls from Python) and the C wrapper (for ctypes/cffi callers;
-nobody calls a kernel that way). So:
+nobody calls a kernel that way, so ``njit`` here leaves it out). So:
 
 - ``operation``: what the façade calls (``*_op``, the batch kernel): a
   CPython wrapper, no C wrapper.
@@ -52,7 +52,9 @@ def kernel_sources_digest() -> str:
 
 def njit(**options: Any) -> Callable[[Callable], Any]:
     """``numba.njit(**options)``, whose cache (with ``cache=True``) is valid only
-    for the current kernel sources of the whole package."""
+    for the current kernel sources of the whole package, and without the C
+    wrapper unless ``no_cfunc_wrapper=False`` asks for it."""
+    options.setdefault("no_cfunc_wrapper", True)
 
     def decorate(fn: Callable) -> Any:
         dispatcher = _numba_njit(**options)(fn)
@@ -68,6 +70,6 @@ def njit(**options: Any) -> Callable[[Callable], Any]:
     return decorate
 
 
-operation = njit(cache=True, no_cfunc_wrapper=True)
-helper = njit(cache=True, forceinline=True, no_cfunc_wrapper=True)
-inner = njit(cache=True, forceinline=True, no_cfunc_wrapper=True, no_cpython_wrapper=True)
+operation = njit(cache=True)
+helper = njit(cache=True, forceinline=True)
+inner = njit(cache=True, forceinline=True, no_cpython_wrapper=True)

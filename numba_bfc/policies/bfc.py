@@ -186,7 +186,7 @@ def free_and_coalesce(chunks, bins, regions, pmap, state, ptr):
     return size, h
 
 
-@njit(cache=True, inline="always")
+@inner  # a kernel of its own: the batch kernel takes it as a value (policies.batch)
 def bfc_deallocate(chunks, bins, regions, pmap, state, ptr):
     """Free the allocation at ``ptr`` and coalesce; returns its size or ``INVALID_POINTER``."""
     return free_and_coalesce(chunks, bins, regions, pmap, state, ptr)[0]
