@@ -24,57 +24,23 @@ from numba_bfc.kernels.tree import (
     tree_successor,
 )
 
+
 # The helpers have no Python entry point (kernels.jit.inner): the tests below
-# call them through these kernels, which compile them as the operations do.
-
-@njit(cache=True)
-def _tree_lower_bound(chunks, root, size):
-    return tree_lower_bound(chunks, root, size)
+# call them through a kernel each, which compiles them as the operations do.
+def _from_python(helper):
+    return njit(lambda *args: helper(*args))
 
 
-@njit(cache=True)
-def _tree_successor(chunks, h):
-    return tree_successor(chunks, h)
-
-
-@njit(cache=True)
-def _remove_free(chunks, bins, h):
-    return remove_free(chunks, bins, h)
-
-
-@njit(cache=True)
-def _new_row(chunks, state):
-    return new_row(chunks, state)
-
-
-@njit(cache=True)
-def _insert_free(chunks, bins, regions, state, h):
-    return insert_free(chunks, bins, regions, state, h)
-
-
-@njit(cache=True)
-def _map_remove(pmap, state, ptr):
-    return map_remove(pmap, state, ptr)
-
-
-@njit(cache=True)
-def _map_insert(pmap, state, ptr, h):
-    return map_insert(pmap, state, ptr, h)
-
-
-@njit(cache=True)
-def _map_lookup(pmap, ptr):
-    return map_lookup(pmap, ptr)
-
-
-@njit(cache=True)
-def _map_rehash(old, new, state):
-    return map_rehash(old, new, state)
-
-
-@njit(cache=True)
-def _bin_for_size(n, min_allocation, num_bins):
-    return bin_for_size(n, min_allocation, num_bins)
+_tree_lower_bound = _from_python(tree_lower_bound)
+_tree_successor = _from_python(tree_successor)
+_remove_free = _from_python(remove_free)
+_new_row = _from_python(new_row)
+_insert_free = _from_python(insert_free)
+_map_remove = _from_python(map_remove)
+_map_insert = _from_python(map_insert)
+_map_lookup = _from_python(map_lookup)
+_map_rehash = _from_python(map_rehash)
+_bin_for_size = _from_python(bin_for_size)
 
 
 def _in_order(chunks, bins, b):
