@@ -55,10 +55,11 @@ INT64 = np.dtype(np.int64)
 
 @intrinsic
 def _view(typingctx, address, rows, cols, dtype):
-    """The C-contiguous array of ``rows`` items of ``dtype`` at ``address``
-    (``rows`` x ``cols`` with ``cols`` > 0), owning no memory. One intrinsic
-    where ``numba.carray`` of a typed pointer costs an overload compiled per
-    dtype and a dozen typed statements per view at a cold start."""
+    """The C-contiguous array of ``dtype`` items at ``address``, owning no
+    memory: ``rows`` items, or ``rows`` x ``cols`` where ``cols`` is an int
+    (not None). One intrinsic where ``numba.carray`` of a typed pointer costs
+    an overload compiled per dtype and a dozen typed statements per view at a
+    cold start."""
     two_d = isinstance(cols, types.Integer)
     array_type = types.Array(dtype.dtype, 2 if two_d else 1, "C")
     sig = array_type(address, rows, cols, dtype)
