@@ -11,6 +11,7 @@ from ..kernels.operations import (
     join_regions_op,
     page_runs_op,
     punch_region_op,
+    region_holding_op,
     space_regions_op,
     trim_region_op,
 )
@@ -48,6 +49,7 @@ _PUNCH_REGION = Kernel(punch_region_op)
 _JOIN_REGIONS = Kernel(join_regions_op)
 _TRIM_REGION = Kernel(trim_region_op)
 _PAGE_RUNS = Kernel(page_runs_op)
+_REGION_HOLDING = Kernel(region_holding_op)
 _SPACE_REGIONS = Kernel(space_regions_op)
 
 
@@ -198,8 +200,14 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         return failed
 
     def _row(self, base: int) -> int:
-        live = np.flatnonzero((self._regions["size"] > 0) & (self._regions["base"] == base))
-        return int(live[0])
+        r = self._holding(base)
+        if r < 0 or self._regions[r]["base"] != base:
+            raise RuntimeError(f"no region starts at {base:#x}")  # a bug, not bad input
+        return r
+
+    def _holding(self, ptr: int) -> int:
+        """The row of the live region holding ``ptr`` (-1: none)."""
+        return int(_REGION_HOLDING.call(self._state, ptr))
 
     def _tail_start(self, base: int, end: int) -> int:
         return int(_FREE_TAIL_START.call(self._state, self._row(base)))
@@ -227,19 +235,16 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
             self._grow_tables()
 
     def _join_at(self, seam: int, space: int) -> bool:
-        live = (self._regions["size"] > 0) & (self._regions["bin"] == space)
-        above = np.flatnonzero(live & (self._regions["base"] == seam))
-        below = np.flatnonzero(live & (self._regions["base"] + self._regions["size"] == seam))
-        if not (above.size and below.size):
+        regions = self._regions
+        above, below = self._holding(seam), self._holding(seam - 1)
+        if (above < 0 or below < 0 or regions[above]["base"] != seam
+                or regions[above]["bin"] != space or regions[below]["bin"] != space):
             return False
-        _JOIN_REGIONS.call(self._state, int(below[0]), int(above[0]))
+        _JOIN_REGIONS.call(self._state, below, above)
         return True
 
     def _mark_release_due(self, ptr: int) -> None:
-        regions = self._regions
-        row = np.flatnonzero((regions["size"] > 0) & (regions["base"] <= ptr)
-                             & (ptr < regions["base"] + regions["size"]))
-        self._state[S_RELEASE_DUE] = int(row[0]) + 1
+        self._state[S_RELEASE_DUE] = self._holding(ptr) + 1
 
     def _cut_region(self, base: int, new_end: int, last_piece: int) -> None:
         r = self._row(base)
