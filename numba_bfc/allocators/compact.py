@@ -141,6 +141,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         self._state[S_RELEASE_THRESHOLD] = self.release_threshold
         self._state[S_SMALL_SIZE] = self.small_size
         self._runs_out = np.empty((64, 3), dtype=np.int64)  # _page_runs' rows, grown as needed
+        self._regions_out = np.empty((0, 4), dtype=np.int64)  # _space_regions' rows, likewise
         # Its out-of-memory path always gives back (BFC's garbage collection),
         # which the kernel's check takes into account.
         self._state[L.S_FAIL_LIMIT] = self.memory_limit
@@ -200,14 +201,15 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         return failed
 
     def _row(self, base: int) -> int:
-        r = self._holding(base)
-        if r < 0 or self._regions[r]["base"] != base:
+        r = self._holding(base, True)
+        if r < 0:
             raise RuntimeError(f"no region starts at {base:#x}")  # a bug, not bad input
         return r
 
-    def _holding(self, ptr: int) -> int:
-        """The row of the live region holding ``ptr`` (-1: none)."""
-        return int(_REGION_HOLDING.call(self._state, ptr))
+    def _holding(self, ptr: int, starting: bool = False) -> int:
+        """The row of the live region holding ``ptr`` (starting there, with
+        ``starting``), or -1."""
+        return int(_REGION_HOLDING.call(self._state, ptr, starting))
 
     def _tail_start(self, base: int, end: int) -> int:
         return int(_FREE_TAIL_START.call(self._state, self._row(base)))
@@ -219,15 +221,18 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     def _space_of(self, base: int) -> int:
         return int(self._regions[self._row(base)]["bin"])
 
-    def _page_runs(self, space: int, quantum: int) -> list[tuple[int, int, int]]:
+    # Rows as lists, not tuples: the callers only unpack them.
+    def _page_runs(self, space: int, quantum: int) -> list[list[int]]:
         out = self._runs_out
         while (n := _PAGE_RUNS.call(self._state, space, quantum, out)) < 0:
             out = self._runs_out = np.empty((2 * out.shape[0], 3), dtype=np.int64)
-        return [tuple(run) for run in out[:n].tolist()]
+        return out[:n].tolist()
 
-    def _space_regions(self, space: int) -> list[tuple[int, int, int, int]]:
-        out = np.empty((self._regions.shape[0], 4), dtype=np.int64)
-        return [tuple(row) for row in out[:_SPACE_REGIONS.call(self._state, space, out)].tolist()]
+    def _space_regions(self, space: int) -> list[list[int]]:
+        out = self._regions_out
+        if out.shape[0] < self._regions.shape[0]:  # the region table has grown
+            out = self._regions_out = np.empty((self._regions.shape[0], 4), dtype=np.int64)
+        return out[:_SPACE_REGIONS.call(self._state, space, out)].tolist()
 
     def _punch_region(self, base: int, lo: int, hi: int, left_last_piece: int) -> None:
         r = self._row(base)
@@ -236,8 +241,8 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
 
     def _join_at(self, seam: int, space: int) -> bool:
         regions = self._regions
-        above, below = self._holding(seam), self._holding(seam - 1)
-        if (above < 0 or below < 0 or regions[above]["base"] != seam
+        above, below = self._holding(seam, True), self._holding(seam - 1)
+        if (above < 0 or below < 0
                 or regions[above]["bin"] != space or regions[below]["bin"] != space):
             return False
         _JOIN_REGIONS.call(self._state, below, above)

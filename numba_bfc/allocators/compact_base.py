@@ -32,6 +32,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import math
+from collections.abc import Sequence
 
 from sortedcontainers import SortedDict
 
@@ -422,10 +423,11 @@ class CompactGrowth:
 
     # ------------------------------------------------------------------ store hooks
     @abc.abstractmethod
-    def _page_runs(self, space: int, quantum: int) -> list[tuple[int, int, int]]:
+    def _page_runs(self, space: int, quantum: int) -> list[Sequence[int]]:
         """``(region base, lo, hi)`` of every run of whole ``quantum``-byte pages
         inside the free chunks of ``space`` that could go back to the backend
-        (free, binned and not waiting on a timing count), in any order."""
+        (free, binned and not waiting on a timing count), in any order (rows:
+        tuples or lists)."""
         raise NotImplementedError
 
     @abc.abstractmethod
@@ -443,10 +445,10 @@ class CompactGrowth:
         raise NotImplementedError
 
     @abc.abstractmethod
-    def _space_regions(self, space: int) -> list[tuple[int, int, int, int]]:
+    def _space_regions(self, space: int) -> list[Sequence[int]]:
         """``[(base, size, tail_start, head_end), ...]`` of the space's regions in
         address order: where each one's free tail starts (``_tail_start``) and
-        where its free head ends (its base if none)."""
+        where its free head ends (its base if none) (rows: tuples or lists)."""
         raise NotImplementedError
 
     @abc.abstractmethod
