@@ -142,17 +142,20 @@ class VirtualSubAllocator(SubAllocator):
         ranges = self._mapped.ranges
         placed: dict[int, int] = {}  # start -> end, placed by this log and still held
         unmapped: dict[int, int] = {}  # start -> end, ranges of the map given back
-        held, peak = self.bytes_held, self.peak_bytes_held
+        held, peak, made = self.bytes_held, self.peak_bytes_held, 0
+        granule = self.granularity if self.contiguous else 0  # 0: frees need not be whole
         for base, size in zip(bases, sizes):
             if size > 0:
                 placed[base] = base + size
                 held += size
-                peak = max(peak, held)
+                made += 1
+                if held > peak:
+                    peak = held
                 continue
             end = base - size
-            if self.contiguous and (base % self.granularity or size % self.granularity):
+            if granule and (base % granule or size % granule):
                 raise ValueError(f"record_leased: free({base:#x}, {-size}): not whole "
-                                 f"granules of {self.granularity} bytes")
+                                 f"granules of {granule} bytes")
             if placed.get(base) == end:
                 del placed[base]
             elif ranges.get(base) == end and base not in unmapped:
@@ -166,8 +169,8 @@ class VirtualSubAllocator(SubAllocator):
         for base, end in placed.items():
             ranges[base] = end
         self._top = self._mapped.top(self._base)
-        self.num_allocs += sum(1 for size in sizes if size > 0)
-        self.num_frees += sum(1 for size in sizes if size < 0)
+        self.num_allocs += made
+        self.num_frees += len(sizes) - made
         self.bytes_held = held
         self.peak_bytes_held = peak
 
