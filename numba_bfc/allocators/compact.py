@@ -201,15 +201,19 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         return failed
 
     def _row(self, base: int) -> int:
-        r = self._holding(base, True)
-        if r < 0:
-            raise RuntimeError(f"no region starts at {base:#x}")  # a bug, not bad input
-        return r
+        return self._live_row(base, True)
 
     def _holding(self, ptr: int, starting: bool = False) -> int:
         """The row of the live region holding ``ptr`` (starting there, with
         ``starting``), or -1."""
         return int(_REGION_HOLDING.call(self._state, ptr, starting))
+
+    def _live_row(self, ptr: int, starting: bool) -> int:
+        """``_holding``, where no such region is a bug, not bad input."""
+        r = self._holding(ptr, starting)
+        if r < 0:
+            raise RuntimeError(f"no region {'starts at' if starting else 'holds'} {ptr:#x}")
+        return r
 
     def _tail_start(self, base: int, end: int) -> int:
         return int(_FREE_TAIL_START.call(self._state, self._row(base)))
@@ -249,7 +253,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         return True
 
     def _mark_release_due(self, ptr: int) -> None:
-        self._state[S_RELEASE_DUE] = self._holding(ptr) + 1
+        self._state[S_RELEASE_DUE] = self._live_row(ptr, False) + 1
 
     def _cut_region(self, base: int, new_end: int, last_piece: int) -> None:
         r = self._row(base)

@@ -1,9 +1,10 @@
 """How kernels are compiled: three decorators, one per role.
 
-Compiling is what a cold start costs (about 0.3 s per function here), and
-Numba spends much of it on wrappers a function may never need: the CPython
-wrapper (for calls from Python) and the C wrapper (for ctypes/cffi callers;
-nobody calls a kernel that way, so ``njit`` here leaves it out). So:
+Compiling is what a cold start costs (a first allocation compiles 29
+functions in about 3 s here), and Numba spends part of it on wrappers a
+function may never need: the CPython wrapper (for calls from Python) and the
+C wrapper (for ctypes/cffi callers; nobody calls a kernel that way, so
+``njit`` here leaves it out). So:
 
 - ``operation``: what the façade calls (``*_op``, the batch kernel): a
   CPython wrapper, no C wrapper.
