@@ -273,3 +273,61 @@ def test_a_lease_log_refuses_to_give_back_what_is_not_one_whole_region():
         assert _record(b) == before
     b.record_leased([q, p], [2 << 20, -n])
     assert b.mapped_ranges() == [(q, 2 << 20)] and (b.num_allocs, b.num_frees) == (2, 1)
+
+
+@given(granularity=st.sampled_from([1, 4096]), held_before=st.integers(0, 3),
+       steps=st.lists(st.tuples(st.sampled_from(["alloc", "alloc_at", "free"]),
+                                st.integers(1, 8), st.integers(0, 10**6)), max_size=40))
+def test_a_lease_log_that_gives_granules_back_from_a_contiguous_space_is_the_calls(
+        granularity, held_before, steps):
+    """On a contiguous space a free in the log may cut mapped ranges, as
+    ``free`` may (the compact policy's pages given back from the middle), and
+    a region may be placed into a hole, as ``alloc_at`` does: ``record_leased``
+    of such a log leaves the backend as the calls themselves."""
+    g = 4096  # what both are counted in: whole granules of either granularity
+    real, leased = (VirtualSubAllocator(contiguous=True, granularity=granularity)
+                    for _ in range(2))
+    for b in (real, leased):
+        for _ in range(held_before):
+            b.alloc(4 * g, 256)
+    bases, sizes = [], []
+    for kind, pages, pick in steps:
+        mapped = real.mapped_ranges()
+        holes = [(p + n, q - p - n) for (p, n), (q, _) in zip(mapped, mapped[1:]) if q > p + n]
+        if kind == "free" and mapped:
+            start, size = mapped[pick % len(mapped)]
+            lo = start + (pick // 7 % (size // g)) * g
+            hi = min(lo + pages * g, start + size)
+            real.free(lo, hi - lo)
+            bases.append(lo)
+            sizes.append(lo - hi)
+        elif kind == "alloc_at" and holes:
+            at, room = holes[pick % len(holes)]
+            n = min(pages * g, room)
+            assert real.alloc_at(at, n) == n
+            bases.append(at)
+            sizes.append(n)
+        else:
+            ptr, received = real.alloc(pages * g, 256)
+            bases.append(ptr)
+            sizes.append(received)
+    if bases:
+        leased.record_leased(bases, sizes)
+    assert _record(leased) == _record(real)
+
+
+def test_a_contiguous_lease_log_refuses_to_give_back_what_is_not_mapped():
+    b = VirtualSubAllocator(contiguous=True, granularity=4096)
+    p, n = b.alloc(8 * 4096, 256)
+    b.free(p + 4096, 4096)  # a hole
+    before = _record(b)
+    for bases, sizes, match in (([p], [-2 * 4096], "not inside mapped memory"),
+                                ([p + 2 * 4096, p + 2 * 4096], [-4096, -2 * 4096],
+                                 "not inside mapped memory"),  # the second meets the first
+                                ([p + n], [-4096], "not inside mapped memory"),
+                                ([p + 2 * 4096], [-100], "not whole granules")):
+        with pytest.raises(ValueError, match=match):
+            b.record_leased(bases, sizes)
+        assert _record(b) == before
+    b.record_leased([p + 4096, p + 2 * 4096], [4096, -2 * 4096])  # fill the hole, cut above
+    assert b.mapped_ranges() == [(p, 4096), (p + 4096, 4096), (p + 4 * 4096, 4 * 4096)]

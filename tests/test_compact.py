@@ -20,7 +20,7 @@ from numba_bfc.cli.replay import main as replay_main
 from numba_bfc.policies.compact import LEASE_LOG_PIECES
 from numba_bfc.testing import ReferenceBFCAllocator, ReferenceCompactAllocator
 from numba_bfc.testing.invariants import check_invariants
-from numba_bfc.traces import Trace, min_limit, replay
+from numba_bfc.traces import POLICIES, Trace, min_limit, replay
 from numba_bfc.traces.data import bundled_names, load_bundled
 from numba_bfc.traces.synthetic import GENERATORS
 
@@ -689,7 +689,7 @@ def test_batch_growth_under_address_leases_matches_the_reference(config, capacit
 def test_a_batch_grows_its_spaces_in_the_kernel():
     """Growth of both spaces, more pieces than one lease's log holds: through
     the façade only when the log is full."""
-    n = 3 * LEASE_LOG_PIECES
+    n = 5 * LEASE_LOG_PIECES  # with the headroom, about one piece per 3 allocations
     ops_, ids = [0] * n, list(range(n))
     szs = [(i % 5 + 1) * (100 * KiB if i % 2 else 3 * KiB) for i in range(n)]
     fast = make(CompactAllocator, limit=1 << 30, small=16 * KiB)
@@ -702,3 +702,57 @@ def test_a_batch_grows_its_spaces_in_the_kernel():
     assert _observe(fast) == _observe(ref)
     assert len(slow) <= n // LEASE_LOG_PIECES
     assert fast.backend.num_allocs + fast.small_backend.num_allocs > LEASE_LOG_PIECES
+
+
+@settings(max_examples=120, deadline=None)
+@given(limit=st.sampled_from([16 * 4 * KiB, 24 * 4 * KiB, 40 * 4 * KiB]),
+       small=st.sampled_from([0, 0, 2 * KiB]), threshold=st.sampled_from([0, 0, 0, 8 * KiB]),
+       capacity=st.sampled_from([None, None, None, 30 * 4 * KiB]),
+       alignment=st.sampled_from([256, 256, 4096, 16 * KiB]),
+       foreign=st.sampled_from([False, False, True]),
+       program=st.lists(st.tuples(st.booleans(), remap_sizes, st.integers(0, 99)),
+                        min_size=20, max_size=250))
+def test_batch_release_under_address_leases_matches_the_reference(
+        limit, small, threshold, capacity, alignment, foreign, program):
+    """4 KiB pages at limits of 16-40 pages: a replay's out-of-memory path gives
+    whole free pages back and fills the holes, in the kernel where the leases
+    allow (the backends hold only the pieces, no release threshold), through
+    the façade otherwise (``foreign``: the backend holds another user's range;
+    ``capacity``: the backend may refuse). Every address, failure, region,
+    backend piece and backend record must be the reference's."""
+    ops_, ids, szs = batch_program(program)
+    trace = Trace.from_arrays(ops_, ids, szs)
+    fast, ref = (make(cls, limit=limit, page=4 * KiB, threshold=threshold, small=small,
+                      capacity=capacity) for cls in (CompactAllocator, ReferenceCompactAllocator))
+    if foreign:
+        for a in (fast, ref):
+            a.backend.alloc_at(1 << 41, 4 * KiB)
+    assert (_replay_outcome(trace, fast, "kernel", alignment)
+            == _replay_outcome(trace, ref, "python", alignment))
+    assert _observe(fast) == _observe(ref)
+    for f, r in ((fast.backend, ref.backend), (fast.small_backend, ref.small_backend)):
+        if f is not None:
+            assert f.mapped_ranges() == r.mapped_ranges()
+    if foreign:
+        fast.backend.free(1 << 41, 4 * KiB)
+    check_invariants(fast)
+
+
+def test_the_kernel_gives_pages_back_and_fills_holes_in_a_replay():
+    """cnn_train at 1.25x its peak, both spaces as a replay makes them: every
+    out-of-memory release and the growth after it stay in the kernel (no call
+    of the façade's growth or release), with the reference's addresses,
+    pieces and backend records."""
+    trace = load_bundled("cnn_train")
+    limit = int(1.25 * int(trace.live_bytes().max()))
+    fast, ref = (POLICIES[name](limit, None) for name in ("compact", "compact-oracle"))
+    slow = []
+    for name in ("_extend", "_release_free_regions", "_punch"):
+        method = getattr(fast, name)
+        setattr(fast, name, lambda *args, _m=method, _n=name: slow.append(_n) or _m(*args))
+    assert (_replay_outcome(trace, fast, "kernel", 256)
+            == _replay_outcome(trace, ref, "python", 256))
+    assert slow == []
+    assert fast._punched and fast.backend.num_frees > 0
+    assert _observe(fast) == _observe(ref)
+    check_invariants(fast)

@@ -56,6 +56,13 @@ for cls in (BFCAllocator, CachingAllocator, CompactAllocator):
     a = cls(VirtualSubAllocator(contiguous=True), memory_limit=1 << 30)
     a.deallocate_raw(a.allocate_raw(1000))
     replay(load_bundled("cnn_train"), a.name)
+# compact's out-of-memory release, in the batch kernel and through the façade
+trace = load_bundled("cnn_train")
+replay(trace, "compact", limit=int(1.25 * int(trace.live_bytes().max())))
+a = CompactAllocator(VirtualSubAllocator(contiguous=True), memory_limit=1 << 30)
+p = [a.allocate_raw(3 << 20) for _ in range(3)]
+a.deallocate_raw(p[1])
+a.empty_cache()
 a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
 a.set_timing_counter(SharedCounter())
 a.deallocate_raw(a.allocate_raw(1000))

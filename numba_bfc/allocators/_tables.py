@@ -6,8 +6,8 @@ them when a kernel answers ``NEED_ROWS``, turns them into records for
 reporting, looks pointers up, and drives the batch kernel (or, while timed
 frees are in play, one public call per operation). Policies supply
 ``_RUN_BATCH`` (their batch kernel), ``_serve_not_found`` (the slow
-path for one allocation), and optionally ``_grow_for`` and
-``_serve_release_due``.
+path for one allocation), and optionally ``_grow_for``, ``_serve_release_due``
+and the serving of what a kernel under an address lease left undone.
 
 Single public calls first try a lock-free kernel (``kernels.guard``): the
 lock is a ``TableLock``, which keeps ``state[S_LOCK_DEPTH]`` non-zero while
@@ -272,6 +272,12 @@ class TableStore:
         lease (as ``_grow_for`` would) and its retry missed."""
         raise NotImplementedError
 
+    def _serve_after_release(self, n: int, alignment: int) -> int:
+        """The slow path after the kernel gave memory back for ``n`` bytes
+        under an address lease (as the slow path's release would) and could
+        not serve them (``RELEASED_NOT_FOUND``)."""
+        raise NotImplementedError
+
     def _refuse_too_large(self, n: int, alignment: int) -> int:
         """An allocation above ``_largest_request()``: refused, as a single call refuses it."""
         raise self._request_too_large(n, alignment)
@@ -458,6 +464,8 @@ class TableStore:
             elif code == L.GREW_NOT_FOUND:  # the kernel's own growth, as _grow_for's
                 grown_at = i
                 serve = self._serve_after_lease_growth
+            elif code == L.RELEASED_NOT_FOUND:  # the kernel's release, as _allocate_slow's
+                serve = self._serve_after_release
             elif code == L.NOT_FOUND:
                 if i != grown_at:
                     grown = self._grow_for(int(sizes[i]), alignment)

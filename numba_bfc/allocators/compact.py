@@ -22,14 +22,17 @@ from ..policies.compact import (
     NUM_SPACES,
     S_FAIL_QUIETLY,
     S_FAILED_HERE,
+    S_GREW_AFTER_RELEASE,
     S_LEASE_LIMIT,
     S_LEASE_LOG,
     S_LEASE_ON,
     S_LEASE_PIECES,
+    S_PUNCHED,
     S_QUIET_PAGE,
     S_RELEASE_DUE,
     S_RELEASE_THRESHOLD,
     S_SMALL_SIZE,
+    S_SOLE_HOLDER,
     SPACE_BINS,
     compact_allocate_op,
     compact_deallocate_op,
@@ -38,7 +41,7 @@ from ..policies.compact import (
 from ._fastcall import Kernel
 from ._tables import REMOVE_REGION
 from .bfc import BFCAllocator
-from .bfc_base import MIN_ALLOCATION
+from .bfc_base import MIN_ALLOCATION, round_bytes
 from .compact_base import CompactGrowth
 
 __all__ = ["CompactAllocator"]
@@ -147,23 +150,29 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         self._state[L.S_FAIL_LIMIT] = self.memory_limit
 
     def _open_lease(self, fail_quietly: bool = False) -> None:
-        # Only where _grow_for's growth is the kernel's: a space that remaps,
-        # with no holes (compact_base._extend, _grow_in_place).
-        if self._timestamps_used or self._punched:
+        # Only where _grow_for's growth is the kernel's: spaces that remap
+        # (compact_base._extend, _grow_in_place).
+        if self._timestamps_used:
             return
-        (large, small), (large_remaps, small_remaps) = self._space_backends, self._remapping
+        backends, (large_remaps, small_remaps) = self._space_backends, self._remapping
+        large, small = backends
         leases = (large.address_lease() if large_remaps else None,
                   small.address_lease() if small_remaps else None)
         if leases == (None, None):
             return
         st = self._state
-        inputs = (leases, self._hulls[0], self._hulls[1], self.memory_limit, fail_quietly)
+        # The kernel may give pages back where the backends hold only the pieces.
+        sole = sum(b.bytes_held for b in backends if b is not None) == st.item(L.S_POOL_BYTES)
+        inputs = (leases, self._hulls[0], self._hulls[1], self.memory_limit, fail_quietly,
+                  self._punched, sole)
         if inputs != self._lease_inputs:  # else the slots still hold them
             self._lease_inputs = inputs
             st[S_FAIL_QUIETLY] = fail_quietly
             every_space_remaps = large_remaps and (small is None or small_remaps)
             st[S_QUIET_PAGE] = min(q for q, r in zip(self._quanta, self._remapping) if r) \
                 if every_space_remaps else 0
+            st[S_PUNCHED] = self._punched
+            st[S_SOLE_HOLDER] = sole
             # The slots S_LEASE_LIMIT .. S_LEASE_PIECES - 1, in order, at once.
             slots = [self.memory_limit, *self._quanta]
             for lo, hi in self._hulls:
@@ -189,16 +198,68 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         st[S_LEASE_PIECES] = 0
         self._lease_inputs = None  # the slots moved on: write them afresh
         log = st[S_LEASE_LOG:S_LEASE_LOG + 3 * made].reshape(made, 3).tolist()
-        for space, backend in enumerate(self._space_backends):
-            pieces = [(ptr, size) for s, ptr, size in log if s == space]
-            if not pieces:
-                continue
-            backend.record_leased([p for p, _ in pieces], [n for _, n in pieces])
-            self._file_pieces([(ptr, (size, space)) for ptr, size in pieces])
-            lo, hi = self._hulls[space]
-            top, top_size = pieces[-1]  # in address order
-            self._hulls[space] = (min(lo, pieces[0][0]), max(hi, top + top_size))
+        if any(size < 0 for _, _, size in log):
+            self._replay_lease_log(log)
+            return failed
+        for space in range(len(self._space_backends)):
+            self._record_placed(space, [(ptr, size) for s, ptr, size in log if s == space])
         return failed
+
+    def _replay_lease_log(self, log: list) -> None:
+        """Record what the kernel did under the leases with pages given back
+        (``policies.compact.lease_release``), in its order, as the façade's
+        slow path would have: pieces placed (size > 0; in holes too) and page
+        runs given back (size < 0), with each space's backend and in
+        ``_pieces``. Then fill in the newest piece of the regions the kernel
+        cut, which only the pieces know."""
+        pieces = self._pieces
+        for space, backend in enumerate(self._space_backends):
+            bases = [ptr for s, ptr, _ in log if s == space]
+            if not bases:
+                continue
+            sizes = [size for s, _, size in log if s == space]
+            backend.record_leased(bases, sizes)
+            bad = self._play_on_pieces(space, bases, sizes)
+            if bad >= 0:
+                raise RuntimeError(f"the kernel gave back {bases[bad]:#x}+{-sizes[bad]}, which "
+                                   "is not inside the backend pieces")
+            self._widen_hull(space, [(b, n) for b, n in zip(bases, sizes) if n > 0])
+        self._punched = True
+        regions = self._regions
+        for r in np.flatnonzero((regions["last_piece"] == L.UNKNOWN_PIECE)
+                                & (regions["size"] > 0)).tolist():
+            end = int(regions[r]["base"] + regions[r]["size"])
+            regions[r]["last_piece"] = pieces.peekitem(pieces.bisect_left(end) - 1)[0]
+
+    def _record_placed(self, space: int, pieces: list[tuple[int, int]]) -> None:
+        """Record ``(ptr, size)`` pieces placed in ``space`` under its lease, in
+        the order placed, with its backend and in ``_pieces``."""
+        if not pieces:
+            return
+        self._space_backends[space].record_leased([p for p, _ in pieces], [n for _, n in pieces])
+        self._file_pieces([(ptr, (size, space)) for ptr, size in pieces])
+        self._widen_hull(space, pieces)
+
+    def _widen_hull(self, space: int, pieces: list[tuple[int, int]]) -> None:
+        """Take ``(ptr, size)`` pieces placed into the span ``space`` has used."""
+        if pieces:
+            lo, hi = self._hulls[space]
+            self._hulls[space] = (min(lo, min(p for p, _ in pieces)),
+                                  max(hi, max(p + n for p, n in pieces)))
+
+    def _serve_after_release(self, n: int, alignment: int) -> int:
+        """The slow path after the kernel gave pages back (``RELEASED_NOT_FOUND``,
+        its log replayed): the growth after the release where the kernel left
+        it to the façade, the retry, and the error where they fail."""
+        self._backend_refused = False
+        rounded = round_bytes(n)
+        if not self._state[S_GREW_AFTER_RELEASE] and self._extend(max(alignment, MIN_ALLOCATION),
+                                                                   rounded):
+            p = self._try_allocate(n, alignment, 0)
+            if p:
+                return p
+        raise self._out_of_memory(n, rounded, alignment,
+                                  "backend" if self._backend_refused else None)
 
     def _row(self, base: int) -> int:
         return self._live_row(base, True)

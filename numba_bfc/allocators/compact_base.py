@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 from sortedcontainers import SortedDict
 
+from ..backends.ranges import play_log_on_map
 from ..policies.compact import GROWTH_FRACTION, GROWTH_PAGES, LARGE_SPACE, SMALL_SPACE
 from ._options import resolve_compact_options
 from .bfc_base import MIN_ALLOCATION
@@ -43,6 +44,10 @@ from .bfc_base import MIN_ALLOCATION
 
 def _round_up(n: int, quantum: int) -> int:
     return -(-n // quantum) * quantum
+
+
+def _piece_end(start: int, piece: tuple[int, int]) -> int:
+    return start + piece[0]
 
 
 class CompactGrowth:
@@ -92,7 +97,11 @@ class CompactGrowth:
         kernel placed (``_file_pieces``) folded in when first read."""
         if self._unfiled_pieces:
             unfiled, self._unfiled_pieces = self._unfiled_pieces, []
-            self._piece_map.update(unfiled)
+            if len(unfiled) < 8:  # update() would sort the whole map again
+                for ptr, piece in unfiled:
+                    self._piece_map[ptr] = piece
+            else:
+                self._piece_map.update(unfiled)
         return self._piece_map
 
     def _file_pieces(self, pieces: list[tuple[int, tuple[int, int]]]) -> None:
@@ -380,22 +389,21 @@ class CompactGrowth:
         return sum(hi - lo for _, _, lo, hi in ranges)
 
     def _cut_pieces(self, lo: int, hi: int) -> None:
-        """Drop ``[lo, hi)`` from the record of backend pieces, keeping the
-        outside parts of the pieces it cuts."""
+        """Drop ``[lo, hi)`` (inside one region) from the record of backend
+        pieces, keeping the outside parts of the pieces it cuts."""
         pieces = self._pieces
-        if not pieces:
-            return
-        first = pieces.peekitem(max(pieces.bisect_right(lo) - 1, 0))[0]
-        # Only the pieces the span may meet, not a copy of every key above it.
-        for ptr in list(pieces.irange(first, hi, inclusive=(True, False))):
-            size, space = pieces[ptr]
-            if ptr + size <= lo:
-                continue
-            del pieces[ptr]
-            if ptr < lo:
-                pieces[ptr] = (lo - ptr, space)
-            if ptr + size > hi:
-                pieces[hi] = (ptr + size - hi, space)
+        holding = pieces.bisect_right(lo) - 1
+        space = pieces.peekitem(holding)[1][1] if holding >= 0 else -1  # the region's space
+        if self._play_on_pieces(space, [lo], [lo - hi]) >= 0:
+            raise RuntimeError(f"[{lo:#x}, {hi:#x}) is not inside the backend pieces")
+
+    def _play_on_pieces(self, space: int, bases: Sequence[int], sizes: Sequence[int]) -> int:
+        """``play_log_on_map`` on the record of backend pieces: pieces placed
+        and spans given back, all in ``space``; returns its answer."""
+        def value_of(start: int, end: int, old: tuple[int, int] | None) -> tuple[int, int]:
+            return end - start, space if old is None else old[1]
+
+        return play_log_on_map(self._pieces, bases, sizes, _piece_end, value_of)
 
     def _release_free_regions(self, rounded: int) -> bool:
         # BFC's garbage collection of whole free regions, generalised to free

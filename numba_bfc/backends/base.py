@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 from sortedcontainers import SortedDict
 
+from .ranges import play_log_on_ends
+
 __all__ = ["SubAllocator", "AddressLease"]
 
 
@@ -153,15 +155,18 @@ class SubAllocator(abc.ABC):
 
     def record_leased(self, bases: Sequence[int], sizes: Sequence[int]) -> None:
         """Record what was done under ``address_lease``, in the order done: a
-        positive size records a region placed, as if ``alloc`` had returned
-        ``(base, size)``; a negative one gives back one whole region placed
-        before, as ``free(base, -size)`` would.
+        positive size records a region placed, as if ``alloc`` (or ``alloc_at``)
+        had returned ``(base, size)``; a negative one gives back one whole
+        region placed before, as ``free(base, -size)`` would, or on a backend
+        that remaps (``supports_remap``) any whole granules of mapped memory,
+        as ``free`` may there.
 
         Raises
         ------
         ValueError
-            A size of 0, or a region given back that is not one whole region
-            held; nothing is recorded.
+            A size of 0, or memory given back that is not one whole region
+            held (on a backend that remaps: not whole granules inside mapped
+            memory); nothing is recorded.
         """
         raise NotImplementedError(f"{type(self).__name__} gives no address lease")
 
@@ -237,19 +242,8 @@ class _RangeMap:
         Raises ValueError, changing nothing, when the span is not mapped so.
         """
         if partial:
-            if not self.covers(ptr, end):
+            if play_log_on_ends(self.ranges, [ptr], [ptr - end]) >= 0:
                 raise ValueError(f"free({ptr:#x}, {end - ptr}): not inside mapped memory")
-            ranges = self.ranges
-            first = ranges.peekitem(ranges.bisect_right(ptr) - 1)[0]  # the one holding ptr
-            # Only the ranges the span meets: a list of the rest of the map would
-            # cost a copy of every key above it.
-            for start in list(ranges.irange(first, end, inclusive=(True, False))):
-                stop = ranges[start]
-                del ranges[start]
-                if start < ptr:
-                    ranges[start] = ptr
-                if stop > end:
-                    ranges[end] = stop
             return
         ranges = self.ranges
         pos, run = ptr, []

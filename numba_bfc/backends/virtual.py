@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from .base import AddressLease, SubAllocator, _RangeMap
+from .ranges import play_log_on_ends
 
 __all__ = ["VirtualSubAllocator"]
 
@@ -137,25 +138,35 @@ class VirtualSubAllocator(SubAllocator):
         self._record_log(bases, sizes)
 
     def _record_log(self, bases: Sequence[int], sizes: Sequence[int]) -> None:
-        """``record_leased`` of a log that gives regions back: a region placed
-        and given back within it never enters the map of mapped ranges."""
+        """``record_leased`` of a log that gives memory back: the map of mapped
+        ranges changes once the whole log has been checked."""
+        if self.contiguous:
+            self._map_remap_log(bases, sizes)
+        else:
+            self._map_region_log(bases, sizes)
+        held, peak, made = self.bytes_held, self.peak_bytes_held, 0
+        for size in sizes:
+            held += size
+            if size > 0:
+                made += 1
+                peak = max(peak, held)
+        self._top = self._mapped.top(self._base)
+        self.num_allocs += made
+        self.num_frees += len(sizes) - made
+        self.bytes_held = held
+        self.peak_bytes_held = peak
+
+    def _map_region_log(self, bases: Sequence[int], sizes: Sequence[int]) -> None:
+        """Regions placed and whole regions given back: a region placed and
+        given back within the log never enters the map."""
         ranges = self._mapped.ranges
         placed: dict[int, int] = {}  # start -> end, placed by this log and still held
         unmapped: dict[int, int] = {}  # start -> end, ranges of the map given back
-        held, peak, made = self.bytes_held, self.peak_bytes_held, 0
-        granule = self.granularity if self.contiguous else 0  # 0: frees need not be whole
         for base, size in zip(bases, sizes):
             if size > 0:
                 placed[base] = base + size
-                held += size
-                made += 1
-                if held > peak:
-                    peak = held
                 continue
             end = base - size
-            if granule and (base % granule or size % granule):
-                raise ValueError(f"record_leased: free({base:#x}, {-size}): not whole "
-                                 f"granules of {granule} bytes")
             if placed.get(base) == end:
                 del placed[base]
             elif ranges.get(base) == end and base not in unmapped:
@@ -163,16 +174,25 @@ class VirtualSubAllocator(SubAllocator):
             else:
                 raise ValueError(f"record_leased: free({base:#x}, {-size}) is not one whole "
                                  "region held")
-            held += size
         for base in unmapped:
             del ranges[base]
         for base, end in placed.items():
             ranges[base] = end
-        self._top = self._mapped.top(self._base)
-        self.num_allocs += made
-        self.num_frees += len(sizes) - made
-        self.bytes_held = held
-        self.peak_bytes_held = peak
+
+    def _map_remap_log(self, bases: Sequence[int], sizes: Sequence[int]) -> None:
+        """Regions placed and whole granules given back from a contiguous space,
+        where a free may cut mapped ranges as ``free`` does: the log is played
+        on the mapped ranges it may meet, taken out of the map as lists."""
+        ranges = self._mapped.ranges
+        granule = self.granularity
+        for base, size in zip(bases, sizes):
+            if size < 0 and (base % granule or size % granule):
+                raise ValueError(f"record_leased: free({base:#x}, {-size}): not whole "
+                                 f"granules of {granule} bytes")
+        bad = play_log_on_ends(ranges, bases, sizes)
+        if bad >= 0:
+            raise ValueError(f"record_leased: free({bases[bad]:#x}, {-sizes[bad]}) is not "
+                             "inside mapped memory")
 
     def _alloc_at(self, ptr: int, nbytes: int) -> bool:
         if ptr < self._base or ptr % self.granularity or nbytes % self.granularity:

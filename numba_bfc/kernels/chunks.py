@@ -29,6 +29,7 @@ from .layout import (
     S_SPACE_BINS,
     S_TSQ_COUNT,
     S_TSQ_HEAD,
+    UNKNOWN_PIECE,
 )
 from .tree import tree_insert, tree_max, tree_remove
 
@@ -495,7 +496,8 @@ def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, 
 def _split_region_before(chunks, regions, state, r, h, r2):
     """Move chunk ``h`` (not region ``r``'s first) and every chunk after it
     into the empty region row ``r2``, which keeps ``r``'s newest piece (or
-    starts it, if that piece was cut at ``h``)."""
+    starts it, if that piece was cut at ``h``; ``UNKNOWN_PIECE`` stays
+    unknown)."""
     base2 = chunks[h]["ptr"]
     end = regions[r]["base"] + regions[r]["size"]
     prv = chunks[h]["prev"]
@@ -506,7 +508,8 @@ def _split_region_before(chunks, regions, state, r, h, r2):
     regions[r2]["first"] = h
     regions[r2]["last"] = regions[r]["last"]
     regions[r2]["bin"] = regions[r]["bin"]
-    regions[r2]["last_piece"] = max(regions[r]["last_piece"], base2)
+    newest = regions[r]["last_piece"]
+    regions[r2]["last_piece"] = newest if newest == UNKNOWN_PIECE else max(newest, base2)
     regions[r]["size"] = base2 - regions[r]["base"]
     regions[r]["last"] = prv
     state[S_NUM_REGIONS] += 1
@@ -554,6 +557,17 @@ def punch_region(chunks, bins, regions, state, r, lo, hi, left_last_piece):
         regions[r]["last_piece"] = left_last_piece
         state[S_POOL_BYTES] -= hi - lo
     return hi - lo
+
+
+@inner
+def region_holding(regions, ptr, starting):
+    """The row of the live region that holds address ``ptr`` (with
+    ``starting``: that starts at ``ptr``), or -1."""
+    for r in range(regions.shape[0]):
+        base = regions[r]["base"]
+        if regions[r]["size"] > 0 and base <= ptr < base + regions[r]["size"]:
+            return r if base == ptr or not starting else -1
+    return -1
 
 
 @inner

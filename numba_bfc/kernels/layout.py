@@ -36,7 +36,10 @@ where a block's pool is fixed by its segment, not by its size), or with
 ``S_SPACE_BINS`` the region's space, whose size bins its free chunks go to
 (the compact policy), and
 ``last_piece``: where the newest backend allocation merged into the region
-starts (the compact policy can give back only whole backend allocations), and
+starts (the compact policy can give back only whole backend allocations;
+``UNKNOWN_PIECE`` where a kernel that gave pages back from the region's
+middle could not know it, until the façade, which records the pieces, fills
+it in), and
 ``page``: 0, or for an expandable segment of the caching policy (address space
 mapped page by page, PyTorch's ``ExpandableSegment``) its page size.
 
@@ -92,6 +95,7 @@ REGION_DTYPE = np.dtype(
 )
 
 NO_HANDLE = -1
+UNKNOWN_PIECE = -1  # a region's ``last_piece`` that only the façade knows (see above)
 
 # An unused region row.
 _EMPTY_REGION = np.zeros((), dtype=REGION_DTYPE)
@@ -161,6 +165,10 @@ GREW_NOT_FOUND = -7  # grown by the kernel under an address lease, and still no 
 #: them); in a single call, where the policy's state allows it (the façade
 #: raises at once).
 FAILED_HERE = -8
+#: The kernel gave free pages back under an address lease (the compact
+#: policy's out-of-memory release), and the allocation still has no fit: the
+#: façade's slow path goes on from its growth after the release.
+RELEASED_NOT_FOUND = -9
 
 # Rows every mutating kernel may consume in one call (padding split,
 # remainder split, one new region chunk); checked before anything changes.

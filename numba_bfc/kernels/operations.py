@@ -17,6 +17,7 @@ from .chunks import (
     merge_timestamped_chunks,
     page_runs,
     punch_region,
+    region_holding,
     remove_region,
     space_regions,
     trim_region,
@@ -63,15 +64,10 @@ def page_runs_op(state, space, quantum, out):
 
 @operation
 def region_holding_op(state, ptr, starting):
-    """The row of the live region that holds address ``ptr`` (with
-    ``starting``: that starts at ``ptr``), or -1: a pass over the region
-    table in the kernel, where NumPy's takes microseconds."""
+    """``chunks.region_holding`` on the recorded tables: a pass over the
+    region table in the kernel, where NumPy's takes microseconds."""
     _, _, regions, _, _, _ = table_views(state)
-    for r in range(regions.shape[0]):
-        base = regions[r]["base"]
-        if regions[r]["size"] > 0 and base <= ptr < base + regions[r]["size"]:
-            return r if base == ptr or not starting else -1
-    return -1
+    return region_holding(regions, ptr, starting)
 
 
 @operation

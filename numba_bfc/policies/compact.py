@@ -28,8 +28,13 @@ from ..kernels.chunks import (
     JOIN_REGIONS,
     add_region,
     bin_for_size,
+    free_head_end,
     free_tail_start,
+    join_regions,
     largest_free_chunk,
+    page_runs,
+    punch_region,
+    region_holding,
     round_up,
 )
 from ..kernels.guard import may_proceed, table_views
@@ -39,6 +44,7 @@ from ..kernels.layout import (
     GREW_NOT_FOUND,
     NO_HANDLE,
     NOT_FOUND,
+    RELEASED_NOT_FOUND,
     ROWS_PER_OPERATION,
     S_BYTES_IN_USE,
     S_FAIL_LIMIT,
@@ -51,8 +57,17 @@ from ..kernels.layout import (
     S_TSQ_COUNT,
     STATE_SIZE,
     TABLES_BUSY,
+    UNKNOWN_PIECE,
 )
-from ..kernels.lease import LEASE_GRANULE, LEASE_SLOTS, LEASE_TOP, lease_next, lease_take
+from ..kernels.lease import (
+    LEASE_GRANULE,
+    LEASE_ROOM,
+    LEASE_SLOTS,
+    LEASE_TOP,
+    lease_fall_back,
+    lease_next,
+    lease_take,
+)
 from .bfc import allocate_from_bins, free_and_coalesce
 
 S_RELEASE_THRESHOLD = STATE_SIZE  # free tail bytes that trigger a release (0: never)
@@ -66,9 +81,9 @@ S_QUANTA = STATE_SIZE + 5  # + space: its growth quantum (whole pages, whole gra
 S_HULLS = STATE_SIZE + 7  # + 2 * space: lowest and highest address its pieces have used
 S_PAGE_SIZE = STATE_SIZE + 11  # the growth quantum of a space's first region
 S_LEASES = STATE_SIZE + 12  # + LEASE_SLOTS * space: the space's lease (room -1: none)
-S_LEASE_PIECES = S_LEASES + 2 * LEASE_SLOTS  # pieces placed under the leases...
-S_LEASE_LOG = S_LEASE_PIECES + 1  # ...(space, address, size) each, in the order placed
-LEASE_LOG_PIECES = 32
+S_LEASE_PIECES = S_LEASES + 2 * LEASE_SLOTS  # entries in the log of the leases...
+S_LEASE_LOG = S_LEASE_PIECES + 1  # ...(space, address, size) each, in the order done
+LEASE_LOG_PIECES = 128  # pieces placed (size > 0) and pages given back (size < 0)
 # Under the leases, the façade may also let the kernel fail an allocation
 # itself where its slow path would fail it with nothing changed (a replay's
 # failures after its first; ``compact_allocate``).
@@ -78,7 +93,16 @@ S_FAILED_HERE = S_FAIL_QUIETLY + 1  # how many the kernel failed (the façade co
 # chunk smaller holds no whole page, so the out-of-memory release has nothing
 # to give back (``CompactGrowth._punchable``).
 S_QUIET_PAGE = S_FAILED_HERE + 1
-COMPACT_STATE_SIZE = S_QUIET_PAGE + 1
+# Set once pages have gone back from the middle of a space (the façade's
+# ``_punched``): growth then looks at the holes too.
+S_PUNCHED = S_QUIET_PAGE + 1
+# 1 while the backends hold nothing but this allocator's pieces, so a kernel
+# that gives pages back knows where their tops fall (``lease_fall_back``) and
+# that the holes are unmapped.
+S_SOLE_HOLDER = S_PUNCHED + 1
+# 1 if the kernel grew after its release (``RELEASED_NOT_FOUND``).
+S_GREW_AFTER_RELEASE = S_SOLE_HOLDER + 1
+COMPACT_STATE_SIZE = S_GREW_AFTER_RELEASE + 1
 
 LARGE_SPACE = 0  # the region ``bin`` of each space
 SMALL_SPACE = 1
@@ -103,13 +127,32 @@ def space_for(rounded, state):
     return SMALL_SPACE if rounded < state[S_SMALL_SIZE] else LARGE_SPACE
 
 
+# What ``lease_growth`` and ``lease_release`` did.
+UNDECIDED = -1  # nothing changed: the façade decides
+NO_GROWTH = 0  # every growth is over the limit / nothing to give back: the façade's fails too
+GREW = 1
+RELEASED_AND_GREW = 2
+RELEASED_ONLY = 3  # gave back, and every growth after it is over the limit
+RELEASED_UNDECIDED = 4  # gave back; the growth after it is the façade's
+
+_INT64_MAX = np.int64(2**63 - 1)
+_STARTING = np.bool_(True)  # region_holding's flag: not literals (compiled once, as the op's)
+_HOLDING = np.bool_(False)
+_UNKNOWN_PIECE = np.int64(UNKNOWN_PIECE)
+
+
 @inner
 def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed_before):
     """Serve ``num_bytes`` (> 0) by best fit in its space.
 
     Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
-    nothing has changed. Where the façade allows it, ``FAILED_HERE``, counted
-    in ``state[S_FAILED_HERE]`` (``fails_for_certain``).
+    nothing has changed. Under the address leases, the kernel also takes the
+    façade's slow path (``BFCBase._allocate_slow`` with ``CompactGrowth``'s
+    growth and release) as far as it can decide it: ``GREW_NOT_FOUND`` (it
+    grew, nothing more), ``RELEASED_NOT_FOUND`` (it gave pages back, and grew
+    if ``state[S_GREW_AFTER_RELEASE]``), and where the façade allows it,
+    ``FAILED_HERE``, counted in ``state[S_FAILED_HERE]``, where the slow path
+    fails.
     """
     quantum = state[S_MIN_ALLOCATION]
     rounded = round_up(num_bytes, quantum)
@@ -122,16 +165,36 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
                            freed_before, first_bin, stop_bin)
     if p != NOT_FOUND or state[S_LEASE_ON] == 0:
         return p
+    need = rounded + alignment - quantum
     if (state[S_FAIL_QUIETLY] != 0 and state[S_RELEASE_DUE] == 0
-            and fails_for_certain(chunks, bins, regions, state, space, rounded,
-                                  rounded + alignment - quantum)):
+            and fails_for_certain(chunks, bins, regions, state, space, rounded, need)):
         state[S_FAILED_HERE] += 1
         return FAILED_HERE
-    if not lease_growth(chunks, bins, regions, state, space, rounded + alignment - quantum):
+    grown = lease_growth(chunks, bins, regions, state, space, need)
+    if grown == UNDECIDED:
         return NOT_FOUND
-    p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, alignment,
-                           freed_before, first_bin, stop_bin)
-    return GREW_NOT_FOUND if p == NOT_FOUND else p
+    if grown == GREW:
+        p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded,
+                               alignment, freed_before, first_bin, stop_bin)
+        if p != NOT_FOUND:
+            return p
+    released = lease_release(chunks, bins, regions, state, rounded, need)
+    if released == UNDECIDED:
+        return GREW_NOT_FOUND if grown == GREW else NOT_FOUND
+    if released == RELEASED_UNDECIDED:
+        return RELEASED_NOT_FOUND
+    if released == RELEASED_AND_GREW:
+        p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded,
+                               alignment, freed_before, first_bin, stop_bin)
+        if p != NOT_FOUND:
+            return p
+    # The slow path fails here.
+    if state[S_FAIL_QUIETLY] != 0:
+        state[S_FAILED_HERE] += 1
+        return FAILED_HERE
+    if released == NO_GROWTH:
+        return GREW_NOT_FOUND if grown == GREW else NOT_FOUND
+    return RELEASED_NOT_FOUND
 
 
 @njit(cache=True, inline="always")
@@ -157,17 +220,18 @@ def fails_whatever_given_back(state, rounded, freed_before):
 @inner
 def fails_for_certain(chunks, bins, regions, state, space, rounded, need):
     """True if the façade's slow path would fail a request of ``rounded``
-    bytes (``need`` with its alignment slack) and change nothing: not even
-    every free byte given back makes room (``_release_free_regions`` skips its
-    passes); or its growth (``CompactGrowth._extend``: the pages the space's
-    top lacks, or a first region) is over the limit even without headroom,
-    and with every space remapping (``S_QUIET_PAGE``) no free chunk holds a
-    whole page, so its release finds nothing to give back.
+    bytes (``need`` with its alignment slack) and change nothing, found
+    without a pass over the holes: not even every free byte given back makes
+    room (``_release_free_regions`` skips its passes); or, with no holes, its
+    growth (``CompactGrowth._extend``: the pages the space's top lacks, or a
+    first region) is over the limit even without headroom, and with every
+    space remapping (``S_QUIET_PAGE``) no free chunk holds a whole page, so
+    its release finds nothing to give back.
     """
     if no_room_whatever_given_back(state, rounded, state[S_LEASE_LIMIT]):
         return True
     page = state[S_QUIET_PAGE]
-    if page == 0:
+    if page == 0 or state[S_PUNCHED] != 0:
         return False
     end, tail = top_region_tail(chunks, regions, space)
     quantum = state[S_QUANTA + space] if end != 0 else state[S_PAGE_SIZE]
@@ -178,54 +242,211 @@ def fails_for_certain(chunks, bins, regions, state, space, rounded, need):
 
 @inner
 def lease_growth(chunks, bins, regions, state, space, need):
-    """The façade's first growth step for ``need`` bytes (``CompactGrowth._extend``
-    on a space that remaps, with no holes), when its first try succeeds: the
-    space's first region, or the pages its highest region lacks, with the
-    headroom, mapped at its top; where the space's address lease says the
-    backend would put them.
+    """The façade's growth for ``need`` bytes (``CompactGrowth._extend`` on a
+    space that remaps): the space's first region, or the pages its highest
+    region lacks, with the headroom, mapped at its top; or, once pages have
+    gone back from the middle (``S_PUNCHED``), the cheapest of that and the
+    hole fills (``_grow_in_place``). Placed where the space's address lease
+    says the backend would put them.
 
-    Returns True if it grew; False with nothing changed when the façade must
-    decide (no lease for the space, its top elsewhere, over the limit or the
-    backend's room, a clash with the other space, the log or a table full).
+    Returns ``GREW``; ``NO_GROWTH`` where every choice is over the limit (the
+    façade fails without asking the backend); or ``UNDECIDED`` with nothing
+    changed where the façade must decide (no lease for the space, its top
+    elsewhere, over the backend's room, a clash with the other space, the log
+    or a table full).
     """
     if state[S_LEASE_PIECES] == LEASE_LOG_PIECES or state[S_FREE_ROWS] <= ROWS_PER_OPERATION:
-        return False
+        return UNDECIDED
     at = S_LEASES + space * LEASE_SLOTS
     end, tail = top_region_tail(chunks, regions, space)
-    if end == 0:  # a new region (alloc)
-        if state[S_NUM_REGIONS] >= regions.shape[0]:
-            return False
-        quantum = state[S_PAGE_SIZE]
-    elif end == state[at + LEASE_TOP]:  # pages mapped at the top (alloc_at)
-        quantum = state[S_QUANTA + space]
-    else:
-        return False
     pool = state[S_POOL_BYTES]
     room = state[S_LEASE_LIMIT] - pool
-    size = max(round_up(max(need - tail, 1), quantum),
-               min(GROWTH_PAGES * quantum, pool // GROWTH_FRACTION, room) // quantum * quantum)
-    if size > room:
-        return False
-    least = state[S_MIN_ALLOCATION]  # the alignment asked of the backend
-    ptr, received = lease_next(state, at, size, least)
-    if ptr < 0 or received > room or ptr % least != 0 or received % least != 0:
-        return False  # the façade gives it back (past the limit) or refuses it
-    if end != 0 and (ptr != end or received != size or ptr % state[at + LEASE_GRANULE] != 0):
-        return False  # not what mapping exactly at the top would do
+    if end == 0:  # a new region (alloc)
+        if state[S_NUM_REGIONS] >= regions.shape[0]:
+            return UNDECIDED
+        quantum = state[S_PAGE_SIZE]
+        size = max(round_up(max(need, 1), quantum), headroom(pool, room, quantum))
+        if size > room:
+            return UNDECIDED
+        least = state[S_MIN_ALLOCATION]  # the alignment asked of the backend
+        ptr, received = lease_next(state, at, size, least)
+        if ptr < 0 or received > room or ptr % least != 0 or received % least != 0:
+            return UNDECIDED  # the façade gives it back (past the limit) or refuses it
+    else:  # pages mapped at the top (alloc_at), or into a hole
+        if end != state[at + LEASE_TOP] or end % state[at + LEASE_GRANULE] != 0:
+            return UNDECIDED
+        quantum = state[S_QUANTA + space]
+        size = round_up(max(need - tail, 1), quantum)
+        ptr = end
+        if size > room:
+            size = _INT64_MAX
+        if state[S_PUNCHED] != 0:
+            if state[S_SOLE_HOLDER] == 0:
+                return UNDECIDED  # something else may be mapped in the holes
+            size, ptr = cheapest_fill(chunks, regions, space, need, quantum, room, size, ptr)
+        if size > room:
+            return NO_GROWTH
+        if ptr == end:
+            size = max(size, headroom(pool, room, quantum))
+        elif state[S_NUM_REGIONS] >= regions.shape[0]:
+            return UNDECIDED
+        if size > state[at + LEASE_ROOM] or ptr > _INT64_MAX - size:
+            return UNDECIDED
+        received = size
     other = S_HULLS + 2 * (1 - space)
     if ptr + received > state[other] and ptr < state[other + 1]:
-        return False
+        return UNDECIDED
     add_region(chunks, bins, regions, state, ptr, received, JOIN_REGIONS, space)
-    lease_take(state, at, ptr, received)
+    if end == 0 or ptr == end:
+        lease_take(state, at, ptr, received)
+    else:
+        state[at + LEASE_ROOM] -= received
+        joined = join_at(chunks, bins, regions, state, ptr + received, space)
+        if joined >= 0 and state[S_RELEASE_THRESHOLD] > 0:
+            # The region above may bring a free tail: the release rule decides
+            # once the request is placed, as after a free.
+            state[S_RELEASE_DUE] = joined + 1
     own = S_HULLS + 2 * space
     state[own] = min(state[own], ptr)
     state[own + 1] = max(state[own + 1], ptr + received)
+    log_lease_entry(state, space, ptr, received)
+    return GREW
+
+
+@njit(cache=True, inline="always")
+def headroom(pool, room, quantum):
+    """Growth beyond what a request lacks (``CompactGrowth._growth_sizes``):
+    ``GROWTH_PAGES`` pages or 1/``GROWTH_FRACTION`` of the pool, whichever is
+    less, within the ``room`` the limit leaves, in whole quanta."""
+    return min(GROWTH_PAGES * quantum, pool // GROWTH_FRACTION, room) // quantum * quantum
+
+
+@inner
+def log_lease_entry(state, space, ptr, size):
+    """Append ``(space, ptr, size)`` to the leases' log (the caller checked room)."""
     log = S_LEASE_LOG + 3 * state[S_LEASE_PIECES]
     state[log] = space
     state[log + 1] = ptr
-    state[log + 2] = received
+    state[log + 2] = size
     state[S_LEASE_PIECES] += 1
-    return True
+
+
+@inner
+def cheapest_fill(chunks, regions, space, need, quantum, room, best_size, best_ptr):
+    """``(bytes, address)``: the least of ``(best_size, best_ptr)`` and every
+    hole fill between two regions of ``space`` that serves ``need`` bytes
+    within ``room`` (``CompactGrowth._fills``: extending the free tail of the
+    region below, the free head of the region above, or filling the hole and
+    joining both), fewest bytes first, then the lowest address."""
+    for a in range(regions.shape[0]):
+        if regions[a]["size"] <= 0 or regions[a]["bin"] != space:
+            continue
+        a_end = regions[a]["base"] + regions[a]["size"]
+        b = np.int64(NO_HANDLE)
+        for r in range(regions.shape[0]):  # the region above: a space has few
+            if (regions[r]["size"] > 0 and regions[r]["bin"] == space
+                    and regions[r]["base"] >= a_end
+                    and (b < 0 or regions[r]["base"] < regions[b]["base"])):
+                b = r
+        if b < 0:
+            continue
+        b_base = regions[b]["base"]
+        hole = b_base - a_end
+        if hole <= 0:
+            continue
+        below = a_end - free_tail_start(chunks, regions, a)
+        above = free_head_end(chunks, regions, b) - b_base
+        left = round_up(max(need - below, 1), quantum)
+        right = round_up(max(need - above, 1), quantum)
+        for size, ptr, serves in ((left, a_end, left < hole),
+                                  (right, b_base - right, right < hole),
+                                  (hole, a_end, below + hole + above >= need)):
+            if serves and size <= room and (size < best_size
+                                            or (size == best_size and ptr < best_ptr)):
+                best_size = size
+                best_ptr = ptr
+    return best_size, best_ptr
+
+
+@inner
+def join_at(chunks, bins, regions, state, seam, space):
+    """Join the regions of ``space`` that end and start at ``seam``
+    (``CompactAllocator._join_at``); returns the joined row, or -1 if there
+    are not two such regions."""
+    above = region_holding(regions, seam, _STARTING)
+    below = region_holding(regions, seam - 1, _HOLDING)
+    if (above < 0 or below < 0
+            or regions[above]["bin"] != space or regions[below]["bin"] != space):
+        return -1
+    join_regions(chunks, bins, regions, state, below, above)
+    return below
+
+
+@inner
+def lease_release(chunks, bins, regions, state, rounded, need):
+    """The rest of the façade's slow path after its growth failed
+    (``BFCBase._allocate_slow``): the release of every whole free page
+    (``CompactGrowth._release_free_regions`` where every space remaps) and the
+    growth after it (``lease_growth``), when the backends hold nothing but
+    this allocator's pieces and no release threshold is set.
+
+    Gives the page runs back highest first (``_punch``), each logged with its
+    size negated for the façade to give back to the backend, and moves the
+    spaces' leases back. Returns ``RELEASED_AND_GREW`` (also recorded in
+    ``state[S_GREW_AFTER_RELEASE]``), ``RELEASED_ONLY`` or
+    ``RELEASED_UNDECIDED`` (as ``lease_growth`` decided after it);
+    ``NO_GROWTH`` where nothing goes back (the façade's release returns
+    False); or ``UNDECIDED`` with nothing changed.
+    """
+    state[S_GREW_AFTER_RELEASE] = 0
+    if (state[S_SOLE_HOLDER] == 0 or state[S_QUIET_PAGE] == 0
+            or state[S_RELEASE_THRESHOLD] != 0):
+        return UNDECIDED
+    if no_room_whatever_given_back(state, rounded, state[S_LEASE_LIMIT]):
+        return NO_GROWTH
+    if largest_free_chunk(chunks, bins) < state[S_QUIET_PAGE]:
+        return NO_GROWTH  # no free chunk holds a whole page
+    # (space, region base, lo, hi) of every run: no more than there are chunks.
+    runs = np.empty((chunks.shape[0], 4), dtype=np.int64)
+    found_runs = np.empty((chunks.shape[0], 3), dtype=np.int64)  # page_runs_op's layout
+    n = 0
+    for space in range(NUM_SPACES):
+        found = page_runs(chunks, regions, space, state[S_QUANTA + space], found_runs)
+        if found < 0:
+            return UNDECIDED
+        for k in range(found):
+            runs[n, 0] = space
+            runs[n, 1:] = found_runs[k]
+            n += 1
+    if n == 0:
+        return NO_GROWTH
+    if (n > LEASE_LOG_PIECES - state[S_LEASE_PIECES]
+            or n > regions.shape[0] - state[S_NUM_REGIONS]
+            or state[S_FREE_ROWS] < 2 * n + ROWS_PER_OPERATION + 1):
+        return UNDECIDED
+    released = np.zeros(NUM_SPACES, dtype=np.int64)
+    for _ in range(n):  # highest first: a region keeps its base while its top is cut
+        k = 0
+        for j in range(1, n):
+            if runs[j, 2] > runs[k, 2]:
+                k = j
+        space, base, lo, hi = runs[k, 0], runs[k, 1], runs[k, 2], runs[k, 3]
+        runs[k, 2] = -1
+        punch_region(chunks, bins, regions, state, region_holding(regions, base, _STARTING),
+                     lo, hi, _UNKNOWN_PIECE)
+        log_lease_entry(state, space, lo, lo - hi)
+        released[space] += hi - lo
+    for space in range(NUM_SPACES):
+        at = S_LEASES + space * LEASE_SLOTS
+        if released[space] > 0 and state[at + LEASE_ROOM] >= 0:  # room -1: no lease
+            end, _ = top_region_tail(chunks, regions, space)
+            lease_fall_back(state, at, end, released[space])
+    state[S_PUNCHED] = 1
+    grown = lease_growth(chunks, bins, regions, state, space_for(rounded, state), need)
+    if grown == GREW:
+        state[S_GREW_AFTER_RELEASE] = 1
+        return RELEASED_AND_GREW
+    return RELEASED_ONLY if grown == NO_GROWTH else RELEASED_UNDECIDED
 
 
 @inner
