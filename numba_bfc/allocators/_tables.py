@@ -179,6 +179,7 @@ class TableStore:
     # Every caller passes the same argument types (arrays made contiguous with
     # fixed dtypes), so the batch kernel can skip the dispatcher after first use.
     _RUN_BATCH: Kernel
+    _LEASE_SLOW_PATH: Kernel  # the policy's slow path under a lease, if it has one
     _POOL_NAMES_BLOCKS = True  # records show a fixed-bin region's bin for in-use blocks too
     _IN_USE_SLOT: int  # the state slot counting bytes in use (policy's definition)
 
@@ -271,6 +272,21 @@ class TableStore:
         """The slow path after the kernel grew for ``n`` bytes under an address
         lease (as ``_grow_for`` would) and its retry missed."""
         raise NotImplementedError
+
+    def _lease_slow_path(self, i: int, ids, sizes, alignment: int, id_ptr, out, series,
+                         stride: int) -> tuple[int, int]:
+        """Under the lease, the policy's slow-path kernel (``_LEASE_SLOW_PATH``)
+        for batch operation ``i`` (``LEASE_SLOW_PATH``): ``(i + 1, 0)`` when it
+        served or failed it (recorded as the batch kernel records), else ``(i,
+        code)`` for the façade."""
+        p = int(self._LEASE_SLOW_PATH.call(self._state, int(sizes[i]), alignment))
+        if p < 0 and p != L.FAILED_HERE:
+            return i, p
+        id_ptr[ids[i]] = p if p > 0 else FAILED  # a failure the kernel counted
+        out[i] = max(p, 0)
+        if stride > 0:
+            _SAMPLE_USAGE.call(series, stride, i, self._state, self._IN_USE_SLOT)
+        return i + 1, 0
 
     def _serve_after_release(self, n: int, alignment: int) -> int:
         """The slow path after the kernel gave memory back for ``n`` bytes
@@ -445,6 +461,13 @@ class TableStore:
                 i, code = self._RUN_BATCH.call(self._state, ops, ids, sizes, alignment,
                                                max_request, id_ptr, out, i, stop, series,
                                                stride, in_use)
+                while code == L.LEASE_SLOW_PATH:
+                    i, code = self._lease_slow_path(i, ids, sizes, alignment, id_ptr, out,
+                                                    series, stride)
+                    if code == 0:  # served: the batch goes on under the lease
+                        i, code = self._RUN_BATCH.call(self._state, ops, ids, sizes, alignment,
+                                                       max_request, id_ptr, out, i, stop,
+                                                       series, stride, in_use)
             finally:
                 failed = self._close_lease()
             if failed:

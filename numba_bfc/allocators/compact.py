@@ -36,6 +36,7 @@ from ..policies.compact import (
     SPACE_BINS,
     compact_allocate_op,
     compact_deallocate_op,
+    compact_slow_path_op,
     top_region_tail_op,
 )
 from ._fastcall import Kernel
@@ -111,6 +112,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     """
 
     _RUN_BATCH = Kernel(run_batch_compact)
+    _LEASE_SLOW_PATH = Kernel(compact_slow_path_op)
     _STATE_SIZE = COMPACT_STATE_SIZE
     _NUM_BINS = NUM_COMPACT_BINS
     _POOL_NAMES_BLOCKS = False

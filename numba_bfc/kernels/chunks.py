@@ -348,6 +348,14 @@ def space_regions(chunks, regions, space, out):
 
 
 @inner
+def whole_pages(chunks, h, quantum):
+    """``(lo, hi)``: the whole ``quantum``-byte pages inside chunk ``h``
+    (``hi <= lo``: none)."""
+    return (round_up(chunks[h]["ptr"], quantum),
+            (chunks[h]["ptr"] + chunks[h]["size"]) // quantum * quantum)
+
+
+@inner
 def page_runs(chunks, regions, space, quantum, out):
     """The runs of whole ``quantum``-byte pages inside the ``releasable`` chunks
     of the regions whose bin is ``space``: ``(region base, lo, hi)`` into the
@@ -360,8 +368,7 @@ def page_runs(chunks, regions, space, quantum, out):
         h = regions[r]["first"]
         while h != NO_HANDLE:
             if releasable(chunks, h):
-                lo = round_up(chunks[h]["ptr"], quantum)
-                hi = (chunks[h]["ptr"] + chunks[h]["size"]) // quantum * quantum
+                lo, hi = whole_pages(chunks, h, quantum)
                 if hi > lo:
                     if n == out.shape[0]:
                         return -1

@@ -169,6 +169,10 @@ FAILED_HERE = -8
 #: policy's out-of-memory release), and the allocation still has no fit: the
 #: façade's slow path goes on from its growth after the release.
 RELEASED_NOT_FOUND = -9
+#: No fit, and the rest of the policy's slow path is a kernel of its own,
+#: which the façade calls under the address lease (the compact policy's
+#: ``compact_slow_path_op``).
+LEASE_SLOW_PATH = -10
 
 # Rows every mutating kernel may consume in one call (padding split,
 # remainder split, one new region chunk); checked before anything changes.

@@ -32,16 +32,18 @@ from ..kernels.chunks import (
     free_tail_start,
     join_regions,
     largest_free_chunk,
-    page_runs,
     punch_region,
     region_holding,
+    releasable,
     round_up,
+    whole_pages,
 )
 from ..kernels.guard import may_proceed, table_views
 from ..kernels.jit import inner, njit, operation
 from ..kernels.layout import (
     FAILED_HERE,
     GREW_NOT_FOUND,
+    LEASE_SLOW_PATH,
     NO_HANDLE,
     NOT_FOUND,
     RELEASED_NOT_FOUND,
@@ -68,7 +70,7 @@ from ..kernels.lease import (
     lease_next,
     lease_take,
 )
-from .bfc import allocate_from_bins, free_and_coalesce
+from .bfc import UNTAGGED, allocate_from_bins, free_and_coalesce
 
 S_RELEASE_THRESHOLD = STATE_SIZE  # free tail bytes that trigger a release (0: never)
 S_RELEASE_DUE = STATE_SIZE + 1  # region row + 1 whose tail is due, 0 if none
@@ -102,7 +104,9 @@ S_PUNCHED = S_QUIET_PAGE + 1
 S_SOLE_HOLDER = S_PUNCHED + 1
 # 1 if the kernel grew after its release (``RELEASED_NOT_FOUND``).
 S_GREW_AFTER_RELEASE = S_SOLE_HOLDER + 1
-COMPACT_STATE_SIZE = S_GREW_AFTER_RELEASE + 1
+# What growth the batch kernel tried before ``LEASE_SLOW_PATH``.
+S_BATCH_GROWTH = S_GREW_AFTER_RELEASE + 1
+COMPACT_STATE_SIZE = S_BATCH_GROWTH + 1
 
 LARGE_SPACE = 0  # the region ``bin`` of each space
 SMALL_SPACE = 1
@@ -131,9 +135,7 @@ def space_for(rounded, state):
 UNDECIDED = -1  # nothing changed: the façade decides
 NO_GROWTH = 0  # every growth is over the limit / nothing to give back: the façade's fails too
 GREW = 1
-RELEASED_AND_GREW = 2
-RELEASED_ONLY = 3  # gave back, and every growth after it is over the limit
-RELEASED_UNDECIDED = 4  # gave back; the growth after it is the façade's
+RELEASED = 2
 
 _INT64_MAX = np.int64(2**63 - 1)
 _STARTING = np.bool_(True)  # region_holding's flag: not literals (compiled once, as the op's)
@@ -146,13 +148,13 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
     """Serve ``num_bytes`` (> 0) by best fit in its space.
 
     Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
-    nothing has changed. Under the address leases, the kernel also takes the
-    façade's slow path (``BFCBase._allocate_slow`` with ``CompactGrowth``'s
-    growth and release) as far as it can decide it: ``GREW_NOT_FOUND`` (it
-    grew, nothing more), ``RELEASED_NOT_FOUND`` (it gave pages back, and grew
-    if ``state[S_GREW_AFTER_RELEASE]``), and where the façade allows it,
-    ``FAILED_HERE``, counted in ``state[S_FAILED_HERE]``, where the slow path
-    fails.
+    nothing has changed. Under the address leases, also the façade's first
+    growth at a space's top (``lease_growth``): ``GREW_NOT_FOUND`` if it grew
+    and there is still no fit. Where the rest of the slow path can be the
+    kernels' (``slow_path_is_kernels``), ``LEASE_SLOW_PATH`` instead of
+    either, with ``state[S_BATCH_GROWTH]`` saying what growth was tried:
+    ``compact_slow_path_op`` goes on. And where the façade allows it,
+    ``FAILED_HERE``, counted in ``state[S_FAILED_HERE]`` (``fails_for_certain``).
     """
     quantum = state[S_MIN_ALLOCATION]
     rounded = round_up(num_bytes, quantum)
@@ -170,31 +172,29 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
             and fails_for_certain(chunks, bins, regions, state, space, rounded, need)):
         state[S_FAILED_HERE] += 1
         return FAILED_HERE
-    grown = lease_growth(chunks, bins, regions, state, space, need)
-    if grown == UNDECIDED:
-        return NOT_FOUND
-    if grown == GREW:
-        p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded,
-                               alignment, freed_before, first_bin, stop_bin)
-        if p != NOT_FOUND:
-            return p
-    released = lease_release(chunks, bins, regions, state, rounded, need)
-    if released == UNDECIDED:
-        return GREW_NOT_FOUND if grown == GREW else NOT_FOUND
-    if released == RELEASED_UNDECIDED:
-        return RELEASED_NOT_FOUND
-    if released == RELEASED_AND_GREW:
-        p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded,
-                               alignment, freed_before, first_bin, stop_bin)
-        if p != NOT_FOUND:
-            return p
-    # The slow path fails here.
-    if state[S_FAIL_QUIETLY] != 0:
-        state[S_FAILED_HERE] += 1
-        return FAILED_HERE
-    if released == NO_GROWTH:
-        return GREW_NOT_FOUND if grown == GREW else NOT_FOUND
-    return RELEASED_NOT_FOUND
+    grown = UNDECIDED  # with holes, growth is the slow path's (its fills)
+    if state[S_PUNCHED] == 0:
+        grown = lease_growth(chunks, bins, regions, state, space, need)
+        if grown == UNDECIDED:
+            return NOT_FOUND
+        if grown == GREW:
+            p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded,
+                                   alignment, freed_before, first_bin, stop_bin)
+            if p != NOT_FOUND:
+                return p
+    if slow_path_is_kernels(state):
+        state[S_BATCH_GROWTH] = grown
+        return LEASE_SLOW_PATH
+    return GREW_NOT_FOUND if grown == GREW else NOT_FOUND
+
+
+@inner
+def slow_path_is_kernels(state):
+    """True where ``compact_slow_path_op`` can take the façade's slow path under
+    the leases: the backends hold nothing but this allocator's pieces, every
+    space remaps and no release threshold is set."""
+    return (state[S_SOLE_HOLDER] != 0 and state[S_QUIET_PAGE] != 0
+            and state[S_RELEASE_THRESHOLD] == 0)
 
 
 @njit(cache=True, inline="always")
@@ -243,74 +243,133 @@ def fails_for_certain(chunks, bins, regions, state, space, rounded, need):
 @inner
 def lease_growth(chunks, bins, regions, state, space, need):
     """The façade's growth for ``need`` bytes (``CompactGrowth._extend`` on a
-    space that remaps): the space's first region, or the pages its highest
-    region lacks, with the headroom, mapped at its top; or, once pages have
-    gone back from the middle (``S_PUNCHED``), the cheapest of that and the
-    hole fills (``_grow_in_place``). Placed where the space's address lease
-    says the backend would put them.
+    space that remaps, with no holes): the space's first region, or the pages
+    its highest region lacks, with the headroom, mapped at its top; placed
+    where the space's address lease says the backend would put them.
 
-    Returns ``GREW``; ``NO_GROWTH`` where every choice is over the limit (the
-    façade fails without asking the backend); or ``UNDECIDED`` with nothing
-    changed where the façade must decide (no lease for the space, its top
-    elsewhere, over the backend's room, a clash with the other space, the log
-    or a table full).
+    Returns ``GREW``; ``NO_GROWTH`` where it is over the limit (the façade
+    fails without asking the backend); or ``UNDECIDED`` with nothing changed
+    where the façade must decide (no lease for the space, its top elsewhere,
+    over the backend's room, a clash with the other space, the log or a table
+    full).
     """
     if state[S_LEASE_PIECES] == LEASE_LOG_PIECES or state[S_FREE_ROWS] <= ROWS_PER_OPERATION:
         return UNDECIDED
-    at = S_LEASES + space * LEASE_SLOTS
+    ptr, size, end = growth_at_top(chunks, regions, state, space, need)
+    if ptr < 0:
+        return UNDECIDED
+    if size == _INT64_MAX:
+        return NO_GROWTH
+    return grow_at(chunks, bins, regions, state, space, ptr, size, end)
+
+
+@inner
+def lease_growth_or_fill(chunks, bins, regions, state, space, need):
+    """``lease_growth``, or once pages have gone back from the middle
+    (``S_PUNCHED``, where the backends hold nothing but this allocator's
+    pieces) the cheapest of its growth at the top and the hole fills
+    (``CompactGrowth._grow_in_place``): fewest new pages, then the lowest
+    address. Returns as ``lease_growth``."""
+    if state[S_LEASE_PIECES] == LEASE_LOG_PIECES or state[S_FREE_ROWS] <= ROWS_PER_OPERATION:
+        return UNDECIDED
+    ptr, size, end = growth_at_top(chunks, regions, state, space, need)
+    if state[S_PUNCHED] != 0 and end != 0:
+        if state[S_SOLE_HOLDER] == 0:
+            return UNDECIDED  # something else may be mapped in the holes
+        size, ptr = cheapest_fill(chunks, regions, space, need, state[S_QUANTA + space],
+                                  state[S_LEASE_LIMIT] - state[S_POOL_BYTES], size, ptr)
+        if ptr != end and state[S_NUM_REGIONS] >= regions.shape[0]:
+            return UNDECIDED
+    if ptr < 0:
+        return UNDECIDED
+    if size == _INT64_MAX:
+        return NO_GROWTH
+    if ptr != end and end != 0:
+        return fill_hole(chunks, bins, regions, state, space, ptr, size)
+    return grow_at(chunks, bins, regions, state, space, ptr, size, end)
+
+
+@inner
+def growth_at_top(chunks, regions, state, space, need):
+    """``(ptr, bytes, end)``: the growth ``lease_growth`` would place for
+    ``need`` bytes, with the space's highest region ending at ``end`` (0: a
+    first region, placed by the lease's arithmetic); bytes ``_INT64_MAX``
+    where the pages the top lacks are over the limit, ptr -1 where the façade
+    must decide."""
     end, tail = top_region_tail(chunks, regions, space)
     pool = state[S_POOL_BYTES]
     room = state[S_LEASE_LIMIT] - pool
-    if end == 0:  # a new region (alloc)
-        if state[S_NUM_REGIONS] >= regions.shape[0]:
-            return UNDECIDED
-        quantum = state[S_PAGE_SIZE]
-        size = max(round_up(max(need, 1), quantum), headroom(pool, room, quantum))
-        if size > room:
-            return UNDECIDED
-        least = state[S_MIN_ALLOCATION]  # the alignment asked of the backend
-        ptr, received = lease_next(state, at, size, least)
-        if ptr < 0 or received > room or ptr % least != 0 or received % least != 0:
-            return UNDECIDED  # the façade gives it back (past the limit) or refuses it
-    else:  # pages mapped at the top (alloc_at), or into a hole
+    if end != 0:  # pages mapped at the top (alloc_at; grow_at adds the headroom)
+        size = round_up(max(need - tail, 1), state[S_QUANTA + space])
+        return end, size if size <= room else _INT64_MAX, end
+    if state[S_NUM_REGIONS] >= regions.shape[0]:  # a new region (alloc)
+        return np.int64(-1), np.int64(0), end
+    quantum = state[S_PAGE_SIZE]
+    size = max(round_up(max(need, 1), quantum), headroom(pool, room, quantum))
+    least = state[S_MIN_ALLOCATION]  # the alignment asked of the backend
+    ptr, received = lease_next(state, S_LEASES + space * LEASE_SLOTS, size, least)
+    if (size > room or ptr < 0 or received > room or ptr % least != 0
+            or received % least != 0):
+        return np.int64(-1), np.int64(0), end  # the façade gives it back or refuses it
+    return ptr, received, end
+
+
+@inner
+def grow_at(chunks, bins, regions, state, space, ptr, size, end):
+    """Map ``size`` bytes at ``ptr`` under the space's lease: at the top of
+    the space (``ptr == end``, joining its highest region, with headroom) or
+    as its first region (``end == 0``). Returns ``GREW``, or ``UNDECIDED``
+    with nothing changed where the backend would refuse it or place it
+    elsewhere."""
+    at = S_LEASES + space * LEASE_SLOTS
+    if ptr == end:
+        pool = state[S_POOL_BYTES]
+        size = max(size, headroom(pool, state[S_LEASE_LIMIT] - pool, state[S_QUANTA + space]))
         if end != state[at + LEASE_TOP] or end % state[at + LEASE_GRANULE] != 0:
             return UNDECIDED
-        quantum = state[S_QUANTA + space]
-        size = round_up(max(need - tail, 1), quantum)
-        ptr = end
-        if size > room:
-            size = _INT64_MAX
-        if state[S_PUNCHED] != 0:
-            if state[S_SOLE_HOLDER] == 0:
-                return UNDECIDED  # something else may be mapped in the holes
-            size, ptr = cheapest_fill(chunks, regions, space, need, quantum, room, size, ptr)
-        if size > room:
-            return NO_GROWTH
-        if ptr == end:
-            size = max(size, headroom(pool, room, quantum))
-        elif state[S_NUM_REGIONS] >= regions.shape[0]:
-            return UNDECIDED
-        if size > state[at + LEASE_ROOM] or ptr > _INT64_MAX - size:
-            return UNDECIDED
-        received = size
-    other = S_HULLS + 2 * (1 - space)
-    if ptr + received > state[other] and ptr < state[other + 1]:
+    if not placeable(state, space, ptr, size):
         return UNDECIDED
-    add_region(chunks, bins, regions, state, ptr, received, JOIN_REGIONS, space)
-    if end == 0 or ptr == end:
-        lease_take(state, at, ptr, received)
-    else:
-        state[at + LEASE_ROOM] -= received
-        joined = join_at(chunks, bins, regions, state, ptr + received, space)
-        if joined >= 0 and state[S_RELEASE_THRESHOLD] > 0:
-            # The region above may bring a free tail: the release rule decides
-            # once the request is placed, as after a free.
-            state[S_RELEASE_DUE] = joined + 1
+    add_region(chunks, bins, regions, state, ptr, size, JOIN_REGIONS, space)
+    lease_take(state, at, ptr, size)
+    record_growth(state, space, ptr, size)
+    return GREW
+
+
+@inner
+def fill_hole(chunks, bins, regions, state, space, ptr, size):
+    """Map ``size`` bytes at ``ptr``, inside a hole of the space, and join the
+    regions on both sides. Returns as ``grow_at``."""
+    if not placeable(state, space, ptr, size):
+        return UNDECIDED
+    add_region(chunks, bins, regions, state, ptr, size, JOIN_REGIONS, space)
+    state[S_LEASES + space * LEASE_SLOTS + LEASE_ROOM] -= size
+    joined = join_at(chunks, bins, regions, state, ptr + size, space)
+    if joined >= 0 and state[S_RELEASE_THRESHOLD] > 0:
+        # The region above may bring a free tail: the release rule decides
+        # once the request is placed, as after a free.
+        state[S_RELEASE_DUE] = joined + 1
+    record_growth(state, space, ptr, size)
+    return GREW
+
+
+@inner
+def placeable(state, space, ptr, size):
+    """True if the backend of ``space`` would map ``size`` bytes at ``ptr``
+    under its lease: within its room and the int64 address space, and clear
+    of the span the other space has used."""
+    other = S_HULLS + 2 * (1 - space)
+    return (size <= state[S_LEASES + space * LEASE_SLOTS + LEASE_ROOM]
+            and ptr <= _INT64_MAX - size
+            and not (ptr + size > state[other] and ptr < state[other + 1]))
+
+
+@inner
+def record_growth(state, space, ptr, size):
+    """A growth placed: the span the space has used, and the leases' log."""
     own = S_HULLS + 2 * space
     state[own] = min(state[own], ptr)
-    state[own + 1] = max(state[own + 1], ptr + received)
-    log_lease_entry(state, space, ptr, received)
-    return GREW
+    state[own + 1] = max(state[own + 1], ptr + size)
+    log_lease_entry(state, space, ptr, size)
 
 
 @njit(cache=True, inline="always")
@@ -358,13 +417,21 @@ def cheapest_fill(chunks, regions, space, need, quantum, room, best_size, best_p
         above = free_head_end(chunks, regions, b) - b_base
         left = round_up(max(need - below, 1), quantum)
         right = round_up(max(need - above, 1), quantum)
-        for size, ptr, serves in ((left, a_end, left < hole),
-                                  (right, b_base - right, right < hole),
-                                  (hole, a_end, below + hole + above >= need)):
-            if serves and size <= room and (size < best_size
-                                            or (size == best_size and ptr < best_ptr)):
-                best_size = size
-                best_ptr = ptr
+        if left < hole:
+            best_size, best_ptr = cheaper(left, a_end, room, best_size, best_ptr)
+        if right < hole:
+            best_size, best_ptr = cheaper(right, b_base - right, room, best_size, best_ptr)
+        if below + hole + above >= need:
+            best_size, best_ptr = cheaper(hole, a_end, room, best_size, best_ptr)
+    return best_size, best_ptr
+
+
+@inner
+def cheaper(size, ptr, room, best_size, best_ptr):
+    """The cheaper growth of ``(size, ptr)`` within ``room`` and ``(best_size,
+    best_ptr)``: fewer bytes, then the lower address."""
+    if size <= room and (size < best_size or (size == best_size and ptr < best_ptr)):
+        return size, ptr
     return best_size, best_ptr
 
 
@@ -383,70 +450,73 @@ def join_at(chunks, bins, regions, state, seam, space):
 
 
 @inner
-def lease_release(chunks, bins, regions, state, rounded, need):
-    """The rest of the façade's slow path after its growth failed
-    (``BFCBase._allocate_slow``): the release of every whole free page
-    (``CompactGrowth._release_free_regions`` where every space remaps) and the
-    growth after it (``lease_growth``), when the backends hold nothing but
-    this allocator's pieces and no release threshold is set.
+def lease_release(chunks, bins, regions, state, rounded):
+    """The façade's release after its growth failed
+    (``CompactGrowth._release_free_regions`` where every space remaps): every
+    whole free page goes back, when ``compact_slow_path_op`` may run
+    (``slow_path_is_kernels``).
 
     Gives the page runs back highest first (``_punch``), each logged with its
     size negated for the façade to give back to the backend, and moves the
-    spaces' leases back. Returns ``RELEASED_AND_GREW`` (also recorded in
-    ``state[S_GREW_AFTER_RELEASE]``), ``RELEASED_ONLY`` or
-    ``RELEASED_UNDECIDED`` (as ``lease_growth`` decided after it);
-    ``NO_GROWTH`` where nothing goes back (the façade's release returns
-    False); or ``UNDECIDED`` with nothing changed.
+    spaces' leases back. Returns ``RELEASED``; ``NO_GROWTH`` where nothing
+    goes back (the façade's release returns False); or ``UNDECIDED`` with
+    nothing changed (the log or a table would overflow).
     """
-    state[S_GREW_AFTER_RELEASE] = 0
-    if (state[S_SOLE_HOLDER] == 0 or state[S_QUIET_PAGE] == 0
-            or state[S_RELEASE_THRESHOLD] != 0):
-        return UNDECIDED
     if no_room_whatever_given_back(state, rounded, state[S_LEASE_LIMIT]):
         return NO_GROWTH
     if largest_free_chunk(chunks, bins) < state[S_QUIET_PAGE]:
         return NO_GROWTH  # no free chunk holds a whole page
-    # (space, region base, lo, hi) of every run: no more than there are chunks.
-    runs = np.empty((chunks.shape[0], 4), dtype=np.int64)
-    found_runs = np.empty((chunks.shape[0], 3), dtype=np.int64)  # page_runs_op's layout
+    # The page runs (space, lo, hi), written where their log entries go.
+    first = S_LEASE_LOG + 3 * state[S_LEASE_PIECES]
     n = 0
-    for space in range(NUM_SPACES):
-        found = page_runs(chunks, regions, space, state[S_QUANTA + space], found_runs)
-        if found < 0:
-            return UNDECIDED
-        for k in range(found):
-            runs[n, 0] = space
-            runs[n, 1:] = found_runs[k]
-            n += 1
+    for r in range(regions.shape[0]):
+        if regions[r]["size"] <= 0:
+            continue
+        space = regions[r]["bin"]
+        h = regions[r]["first"]
+        while h != NO_HANDLE:
+            if releasable(chunks, h):
+                lo, hi = whole_pages(chunks, h, state[S_QUANTA + space])
+                if hi > lo:
+                    if state[S_LEASE_PIECES] + n == LEASE_LOG_PIECES:
+                        return UNDECIDED
+                    state[first + 3 * n] = space
+                    state[first + 3 * n + 1] = lo
+                    state[first + 3 * n + 2] = hi
+                    n += 1
+            h = chunks[h]["next"]
     if n == 0:
         return NO_GROWTH
-    if (n > LEASE_LOG_PIECES - state[S_LEASE_PIECES]
-            or n > regions.shape[0] - state[S_NUM_REGIONS]
+    if (n > regions.shape[0] - state[S_NUM_REGIONS]
             or state[S_FREE_ROWS] < 2 * n + ROWS_PER_OPERATION + 1):
         return UNDECIDED
-    released = np.zeros(NUM_SPACES, dtype=np.int64)
-    for _ in range(n):  # highest first: a region keeps its base while its top is cut
-        k = 0
-        for j in range(1, n):
-            if runs[j, 2] > runs[k, 2]:
-                k = j
-        space, base, lo, hi = runs[k, 0], runs[k, 1], runs[k, 2], runs[k, 3]
-        runs[k, 2] = -1
-        punch_region(chunks, bins, regions, state, region_holding(regions, base, _STARTING),
+    # Highest first: a region keeps its base while its top is cut (insertion
+    # sort on the entries, in place: a release has few runs).
+    for k in range(1, n):
+        j = k
+        while j > 0 and state[first + 3 * (j - 1) + 1] < state[first + 3 * j + 1]:
+            for f in range(3):
+                e = first + 3 * j + f
+                state[e], state[e - 3] = state[e - 3], state[e]
+            j -= 1
+    for k in range(n):
+        e = first + 3 * k
+        lo, hi = state[e + 1], state[e + 2]
+        punch_region(chunks, bins, regions, state, region_holding(regions, lo, _HOLDING),
                      lo, hi, _UNKNOWN_PIECE)
-        log_lease_entry(state, space, lo, lo - hi)
-        released[space] += hi - lo
+        state[e + 2] = lo - hi  # the size given back, negated
+    state[S_LEASE_PIECES] += n
     for space in range(NUM_SPACES):
         at = S_LEASES + space * LEASE_SLOTS
-        if released[space] > 0 and state[at + LEASE_ROOM] >= 0:  # room -1: no lease
+        released = np.int64(0)
+        for k in range(n):
+            if state[first + 3 * k] == space:
+                released -= state[first + 3 * k + 2]
+        if released > 0 and state[at + LEASE_ROOM] >= 0:  # room -1: no lease
             end, _ = top_region_tail(chunks, regions, space)
-            lease_fall_back(state, at, end, released[space])
+            lease_fall_back(state, at, end, released)
     state[S_PUNCHED] = 1
-    grown = lease_growth(chunks, bins, regions, state, space_for(rounded, state), need)
-    if grown == GREW:
-        state[S_GREW_AFTER_RELEASE] = 1
-        return RELEASED_AND_GREW
-    return RELEASED_ONLY if grown == NO_GROWTH else RELEASED_UNDECIDED
+    return RELEASED
 
 
 @inner
@@ -511,6 +581,66 @@ def compact_allocate_op(state, num_bytes, alignment, freed_before, locked):
         st[S_FAILED_LARGEST_FREE] = largest_free_chunk(chunks, bins)
         return FAILED_HERE
     return p
+
+
+@operation
+def compact_slow_path_op(state, num_bytes, alignment):
+    """The façade's slow path for ``num_bytes`` after ``compact_allocate``
+    answered ``LEASE_SLOW_PATH`` (``BFCBase._allocate_slow`` with
+    ``CompactGrowth``'s growth and release), under the leases: the growth,
+    with the hole fills, unless the batch tried it (``state[S_BATCH_GROWTH]``),
+    and the retry; the release of every whole free page (``lease_release``),
+    the growth after it and the retry.
+
+    Returns the address; ``FAILED_HERE`` (counted) where the slow path fails
+    and the façade allows it; otherwise ``NOT_FOUND`` or ``GREW_NOT_FOUND``
+    (as ``compact_allocate``: the façade goes on) or ``RELEASED_NOT_FOUND``
+    (pages given back, and grown after if ``state[S_GREW_AFTER_RELEASE]``: the
+    façade goes on from there); or ``NEED_ROWS`` where a retry needs rows.
+
+    A kernel of its own, on the recorded tables: the batch kernel does not
+    compile it in.
+    """
+    chunks, bins, regions, pmap, _, state = table_views(state)
+    quantum = state[S_MIN_ALLOCATION]
+    rounded = round_up(num_bytes, quantum)
+    space = space_for(rounded, state)
+    alignment = max(alignment, quantum)
+    per_space = state[S_SPACE_BINS]
+    first_bin = space * per_space + bin_for_size(rounded, quantum, per_space)
+    stop_bin = (space + 1) * per_space
+    need = rounded + alignment - quantum
+    grown = state[S_BATCH_GROWTH]
+    grow = grown == UNDECIDED  # the batch did not try
+    released = False
+    state[S_GREW_AFTER_RELEASE] = 0
+    for _ in range(2):  # before the release, then after it
+        if grow:
+            grown = lease_growth_or_fill(chunks, bins, regions, state, space, need)
+            if grown == UNDECIDED:
+                return RELEASED_NOT_FOUND if released else NOT_FOUND
+            if grown == GREW:
+                state[S_GREW_AFTER_RELEASE] = released
+                p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded,
+                                       alignment, UNTAGGED, first_bin, stop_bin)
+                if p != NOT_FOUND:
+                    return p
+        if released:
+            break
+        gave_back = lease_release(chunks, bins, regions, state, rounded)
+        if gave_back == UNDECIDED:
+            return GREW_NOT_FOUND if grown == GREW else NOT_FOUND
+        if gave_back == NO_GROWTH:
+            break
+        released = True
+        grow = True
+    # The slow path fails here.
+    if state[S_FAIL_QUIETLY] != 0:
+        state[S_FAILED_HERE] += 1
+        return FAILED_HERE
+    if released:
+        return RELEASED_NOT_FOUND
+    return GREW_NOT_FOUND if grown == GREW else NOT_FOUND
 
 
 @operation
