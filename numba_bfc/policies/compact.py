@@ -156,18 +156,12 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
     ``compact_slow_path_op`` goes on. And where the façade allows it,
     ``FAILED_HERE``, counted in ``state[S_FAILED_HERE]`` (``fails_for_certain``).
     """
-    quantum = state[S_MIN_ALLOCATION]
-    rounded = round_up(num_bytes, quantum)
-    space = space_for(rounded, state)
-    alignment = max(alignment, quantum)
-    per_space = state[S_SPACE_BINS]
-    first_bin = space * per_space + bin_for_size(rounded, quantum, per_space)
-    stop_bin = (space + 1) * per_space
+    rounded, space, alignment, need, first_bin, stop_bin = request_in_space(state, num_bytes,
+                                                                            alignment)
     p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, alignment,
                            freed_before, first_bin, stop_bin)
     if p != NOT_FOUND or state[S_LEASE_ON] == 0:
         return p
-    need = rounded + alignment - quantum
     if (state[S_FAIL_QUIETLY] != 0 and state[S_RELEASE_DUE] == 0
             and fails_for_certain(chunks, bins, regions, state, space, rounded, need)):
         state[S_FAILED_HERE] += 1
@@ -186,6 +180,22 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
         state[S_BATCH_GROWTH] = grown
         return LEASE_SLOW_PATH
     return GREW_NOT_FOUND if grown == GREW else NOT_FOUND
+
+
+@inner
+def request_in_space(state, num_bytes, alignment):
+    """``(rounded, space, alignment, need, first_bin, stop_bin)`` of a request:
+    its size rounded to the quantum, its space, its alignment (at least the
+    quantum), the bytes a free chunk needs to hold it aligned, and the bins
+    of its space from its size's up."""
+    quantum = state[S_MIN_ALLOCATION]
+    rounded = round_up(num_bytes, quantum)
+    space = space_for(rounded, state)
+    alignment = max(alignment, quantum)
+    per_space = state[S_SPACE_BINS]
+    first_bin = space * per_space + bin_for_size(rounded, quantum, per_space)
+    return (rounded, space, alignment, rounded + alignment - quantum, first_bin,
+            (space + 1) * per_space)
 
 
 @inner
@@ -602,14 +612,8 @@ def compact_slow_path_op(state, num_bytes, alignment):
     compile it in.
     """
     chunks, bins, regions, pmap, _, state = table_views(state)
-    quantum = state[S_MIN_ALLOCATION]
-    rounded = round_up(num_bytes, quantum)
-    space = space_for(rounded, state)
-    alignment = max(alignment, quantum)
-    per_space = state[S_SPACE_BINS]
-    first_bin = space * per_space + bin_for_size(rounded, quantum, per_space)
-    stop_bin = (space + 1) * per_space
-    need = rounded + alignment - quantum
+    rounded, space, alignment, need, first_bin, stop_bin = request_in_space(state, num_bytes,
+                                                                            alignment)
     grown = state[S_BATCH_GROWTH]
     grow = grown == UNDECIDED  # the batch did not try
     released = False
