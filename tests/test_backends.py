@@ -1,6 +1,7 @@
 """The simulated and host backends: capacity, contiguity, granularity, failure
 injection, and remapping (partial frees, ``alloc_at``)."""
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -331,3 +332,29 @@ def test_a_contiguous_lease_log_refuses_to_give_back_what_is_not_mapped():
         assert _record(b) == before
     b.record_leased([p + 4096, p + 2 * 4096], [4096, -2 * 4096])  # fill the hole, cut above
     assert b.mapped_ranges() == [(p, 4096), (p + 4096, 4096), (p + 4 * 4096, 4 * 4096)]
+
+
+def test_a_contiguous_lease_log_refuses_regions_placed_over_mapped_memory():
+    """Found in review: a placement in a log that also gives memory back went
+    into the map unchecked, over mapped memory or off the granules."""
+    b = VirtualSubAllocator(contiguous=True, granularity=4096)
+    p, n = b.alloc(2 * 4096, 256)
+    before = _record(b)
+    for bases, sizes, match in (([p + 4096, p], [4096, -4096], "overlaps mapped memory"),
+                                ([p + n + 100, p], [4096, -4096], "not whole granules"),
+                                ([p - 4096, p], [4096, -4096], "not whole granules")):
+        with pytest.raises(ValueError, match=match):
+            b.record_leased(bases, sizes)
+        assert _record(b) == before
+
+
+def test_a_lease_log_of_int64_arrays_does_not_wrap():
+    """Sizes and bases as int64 arrays are taken as Python ints: a region
+    ending past 2**63 does not wrap the backend's top negative."""
+    b = VirtualSubAllocator(contiguous=True)
+    p, _ = b.alloc(8192, 256)
+    b.record_leased(np.array([p, 2**62], dtype=np.int64),
+                    np.array([-4096, 2**62], dtype=np.int64))
+    assert b.mapped_ranges() == [(p + 4096, 4096), (2**62, 2**62)]
+    assert type(b.bytes_held) is int and b.bytes_held == 4096 + 2**62
+    assert b.address_lease() is None  # its top is past what a lease covers

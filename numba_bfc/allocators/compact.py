@@ -163,8 +163,11 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         if leases == (None, None):
             return
         st = self._state
-        # The kernel may give pages back where the backends hold only the pieces.
-        sole = sum(b.bytes_held for b in backends if b is not None) == st.item(L.S_POOL_BYTES)
+        # The kernel may give pages back (and fill holes) where the backends hold
+        # only the pieces and every space that remaps has a lease to follow.
+        sole = (sum(b.bytes_held for b in backends if b is not None) == st.item(L.S_POOL_BYTES)
+                and all(lease is not None
+                        for lease, remaps in zip(leases, self._remapping) if remaps))
         inputs = (leases, self._hulls[0], self._hulls[1], self.memory_limit, fail_quietly,
                   self._punched, sole)
         if inputs != self._lease_inputs:  # else the slots still hold them
@@ -181,7 +184,8 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
                 slots += (min(lo, MAX_INT64), hi)
             slots.append(self.page_size)
             for lease in leases:
-                slots += (0, 0, 0, 0, -1, 0) if lease is None else lease  # room -1: nothing fits
+                # No lease: room -1, nothing fits (alignment and granule 1: no division by 0).
+                slots += (0, 0, 1, 1, -1, 0) if lease is None else lease
             st[S_LEASE_LIMIT:S_LEASE_PIECES] = slots
         st[S_LEASE_ON] = 1
 
@@ -223,8 +227,8 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
             backend.record_leased(bases, sizes)
             bad = self._play_on_pieces(space, bases, sizes)
             if bad >= 0:
-                raise RuntimeError(f"the kernel gave back {bases[bad]:#x}+{-sizes[bad]}, which "
-                                   "is not inside the backend pieces")
+                raise RuntimeError(f"the kernel's log entry ({bases[bad]:#x}, {sizes[bad]}) "
+                                   "does not fit the record of backend pieces")
             self._widen_hull(space, [(b, n) for b, n in zip(bases, sizes) if n > 0])
         self._punched = True
         regions = self._regions

@@ -166,7 +166,8 @@ class SubAllocator(abc.ABC):
         ValueError
             A size of 0, or memory given back that is not one whole region
             held (on a backend that remaps: not whole granules inside mapped
-            memory); nothing is recorded.
+            memory, and then also a region placed over mapped memory or off
+            the granules); nothing is recorded.
         """
         raise NotImplementedError(f"{type(self).__name__} gives no address lease")
 

@@ -70,8 +70,9 @@ def play_log(starts: list[int], ends: list[int], bases, sizes) -> int:
     where nothing is) and spans given back (``size < 0``: ``cut_span`` of
     ``[base, base - size)``) on the lists, in order.
 
-    Returns the index of the first span given back that is not covered (the
-    entries before it are played), or -1 when all are.
+    Returns the index of the first entry that cannot be played (a range
+    placed over another, a span given back that is not covered; the entries
+    before it are played), or -1 when all are.
 
     Examples
     --------
@@ -82,6 +83,9 @@ def play_log(starts: list[int], ends: list[int], bases, sizes) -> int:
     for k, (base, size) in enumerate(zip(bases, sizes)):
         if size > 0:
             at = bisect.bisect_left(starts, base)
+            if (at > 0 and ends[at - 1] > base) or (at < len(starts)
+                                                    and starts[at] < base + size):
+                return k
             starts.insert(at, base)
             ends.insert(at, base + size)
         elif not cut_span(starts, ends, base, base - size):
@@ -98,8 +102,8 @@ def play_log_on_map(ranges: SortedDict, bases: Sequence[int], sizes: Sequence[in
     old)`` the value of a range after (``old``: the map's value at that start
     before, None for a new start).
 
-    Returns -1, or the index of the first span given back that is not
-    covered, leaving the map unchanged.
+    Returns -1, or the index of the first entry that cannot be played,
+    leaving the map unchanged.
 
     Examples
     --------

@@ -124,13 +124,14 @@ class VirtualSubAllocator(SubAllocator):
     def record_leased(self, bases: Sequence[int], sizes: Sequence[int]) -> None:
         if not len(bases):
             return
+        bases, sizes = [int(b) for b in bases], [int(n) for n in sizes]  # no int64 wrap
         least = min(sizes)
         if least == 0:
             raise ValueError("record_leased: sizes must not be 0")
         if least > 0:  # regions placed, nothing given back: filed when next read
             ends = [b + s for b, s in zip(bases, sizes)]
             self._mapped.add_later(bases, ends)
-            self._top = max(self._top, ends[-1])
+            self._top = max(self._top, max(ends))  # a hole may be filled after the top
             self.num_allocs += len(bases)
             self.bytes_held += sum(sizes)
             self.peak_bytes_held = max(self.peak_bytes_held, self.bytes_held)
@@ -186,13 +187,16 @@ class VirtualSubAllocator(SubAllocator):
         ranges = self._mapped.ranges
         granule = self.granularity
         for base, size in zip(bases, sizes):
-            if size < 0 and (base % granule or size % granule):
-                raise ValueError(f"record_leased: free({base:#x}, {-size}): not whole "
-                                 f"granules of {granule} bytes")
+            if base < self._base or base % granule or size % granule:
+                what = "free" if size < 0 else "region"
+                raise ValueError(f"record_leased: {what}({base:#x}, {abs(size)}): not whole "
+                                 f"granules of {granule} bytes from {self._base:#x} up")
         bad = play_log_on_ends(ranges, bases, sizes)
         if bad >= 0:
-            raise ValueError(f"record_leased: free({bases[bad]:#x}, {-sizes[bad]}) is not "
-                             "inside mapped memory")
+            what = ("is not inside mapped memory" if sizes[bad] < 0
+                    else "overlaps mapped memory")
+            raise ValueError(f"record_leased: {'free' if sizes[bad] < 0 else 'region'}"
+                             f"({bases[bad]:#x}, {abs(sizes[bad])}) {what}")
 
     def _alloc_at(self, ptr: int, nbytes: int) -> bool:
         if ptr < self._base or ptr % self.granularity or nbytes % self.granularity:

@@ -98,9 +98,9 @@ S_QUIET_PAGE = S_FAILED_HERE + 1
 # Set once pages have gone back from the middle of a space (the façade's
 # ``_punched``): growth then looks at the holes too.
 S_PUNCHED = S_QUIET_PAGE + 1
-# 1 while the backends hold nothing but this allocator's pieces, so a kernel
-# that gives pages back knows where their tops fall (``lease_fall_back``) and
-# that the holes are unmapped.
+# 1 while the backends hold nothing but this allocator's pieces and every space
+# that remaps has a lease, so a kernel that gives pages back knows where their
+# tops fall (``lease_fall_back``) and that the holes are unmapped.
 S_SOLE_HOLDER = S_PUNCHED + 1
 # 1 if the kernel grew after its release (``RELEASED_NOT_FOUND``).
 S_GREW_AFTER_RELEASE = S_SOLE_HOLDER + 1
