@@ -124,7 +124,8 @@ class VirtualSubAllocator(SubAllocator):
     def record_leased(self, bases: Sequence[int], sizes: Sequence[int]) -> None:
         if not len(bases):
             return
-        bases, sizes = [int(b) for b in bases], [int(n) for n in sizes]  # no int64 wrap
+        if type(bases) is not list or type(sizes) is not list:  # arrays: no int64 wrap
+            bases, sizes = list(map(int, bases)), list(map(int, sizes))
         least = min(sizes)
         if least == 0:
             raise ValueError("record_leased: sizes must not be 0")
