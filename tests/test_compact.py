@@ -2,6 +2,8 @@
 growth and give-back rules, errors, real host memory, and the replay/min-limit
 machinery that measures it."""
 
+import contextlib
+
 import numpy as np
 import pytest
 from _support import batch_program, pointer_step, single_calls
@@ -814,3 +816,42 @@ def test_a_space_whose_backend_gives_no_lease_keeps_the_slow_path_in_python():
             == seen(ref, _replay_outcome(needs_them, ref, "python", 256)))
     assert fast.small_backend.num_frees > 0
     check_invariants(fast)
+
+
+def test_a_call_that_re_enters_during_a_batch_settles_the_leases_first():
+    """A finalizer may allocate, free or empty the cache between a batch's
+    kernel calls while the batch holds the address leases: it must neither
+    use them nor call a backend before what the kernels placed under them is
+    recorded. Every live block stays apart, and pieces, regions and the
+    backends' mapped ranges agree."""
+    class Reentered(CompactAllocator):
+        calls = 0
+
+        def _lease_slow_path(self, *args):
+            Reentered.calls += 1
+            if Reentered.calls % 3 == 1:
+                with contextlib.suppress(OutOfMemoryError):
+                    self.held.append(self.allocate_raw(3 * MiB + 1000))  # needs growth
+            elif Reentered.calls % 3 == 2 and self.held:
+                self.deallocate_raw(self.held.pop())
+                self.empty_cache()
+            return super()._lease_slow_path(*args)
+
+    trace = load_bundled("cnn_train")
+    limit = int(1.25 * int(trace.live_bytes().max()))
+    a = Reentered(VirtualSubAllocator(contiguous=True), memory_limit=limit, page_size=2 * MiB,
+                  release_threshold=0, small_backend=VirtualSubAllocator(contiguous=True,
+                                                                         base=1 << 44))
+    a.held = []
+    out = replay(trace, a, engine="kernel").addresses
+    assert Reentered.calls > 2
+    live = {}
+    for op, i, p, n in zip(trace.ops.tolist(), trace.ids.tolist(), out.tolist(),
+                           trace.sizes.tolist()):
+        if op == 0 and p:
+            live[i] = (p, n)
+        elif op == 1:
+            live.pop(i, None)
+    spans = sorted(list(live.values()) + [(p, 3 * MiB + 1000) for p in a.held])
+    assert all(p + n <= q for (p, n), (q, _) in zip(spans, spans[1:]))
+    check_invariants(a)

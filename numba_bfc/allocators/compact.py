@@ -191,25 +191,47 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
 
     def _close_lease(self) -> int:
         st = self._state
-        if not st[S_LEASE_ON]:
-            return 0
-        st[S_LEASE_ON] = 0
+        self._settle_lease()
         failed = int(st[S_FAILED_HERE])
         if failed:
             st[S_FAILED_HERE] = 0
             self._backend_refused = False  # as _grow_for leaves it on each
+        return failed
+
+    def _settle_lease(self) -> None:
+        """End the leases and record what the kernels did under them. Also
+        where a call re-enters while a batch holds them (a finalizer run
+        between the batch's kernel calls) before it calls a backend itself;
+        the batch's failures stay counted for the batch."""
+        st = self._state
+        st[S_LEASE_ON] = 0
         made = int(st[S_LEASE_PIECES])
         if not made:
-            return failed
+            return
         st[S_LEASE_PIECES] = 0
         self._lease_inputs = None  # the slots moved on: write them afresh
         log = st[S_LEASE_LOG:S_LEASE_LOG + 3 * made].reshape(made, 3).tolist()
         if any(size < 0 for _, _, size in log):
             self._replay_lease_log(log)
-            return failed
+            return
         for space in range(len(self._space_backends)):
             self._record_placed(space, [(ptr, size) for s, ptr, size in log if s == space])
-        return failed
+
+    def _allocate_slow(self, n: int, alignment: int, freed_before: int,
+                       extended: bool = False) -> int:
+        self._settle_lease()  # a single call during a batch: no-op otherwise
+        return super()._allocate_slow(n, alignment, freed_before, extended)
+
+    def empty_cache(self) -> int:
+        with self._lock:
+            self._settle_lease()
+            return super().empty_cache()
+
+    def _release_due(self) -> None:
+        self._settle_lease()
+        super()._release_due()
+
+    empty_cache.__doc__ = CompactGrowth.empty_cache.__doc__
 
     def _replay_lease_log(self, log: list) -> None:
         """Record what the kernel did under the leases with pages given back

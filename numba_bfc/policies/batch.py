@@ -9,7 +9,7 @@ from ..kernels.jit import inner, njit, operation
 from ..kernels.layout import FAILED_HERE, INVALID_POINTER, S_POOL_BYTES
 from .bfc import UNTAGGED, bfc_allocate, bfc_deallocate
 from .caching import caching_allocate, caching_deallocate
-from .compact import S_RELEASE_DUE, compact_allocate, compact_deallocate
+from .compact import IN_BATCH, S_RELEASE_DUE, compact_allocate, compact_deallocate
 
 #: ``run_batch`` code: the operation before the returned index freed memory
 #: at the end of a region that the façade should give back to the backend.
@@ -111,7 +111,8 @@ def _caching_allocate(chunks, bins, regions, pmap, state, nbytes, alignment):
 
 @inner
 def _compact_allocate(chunks, bins, regions, pmap, state, nbytes, alignment):
-    return compact_allocate(chunks, bins, regions, pmap, state, nbytes, alignment, UNTAGGED)
+    return compact_allocate(chunks, bins, regions, pmap, state, nbytes, alignment, UNTAGGED,
+                            IN_BATCH)
 
 
 _NO_RELEASES = np.bool_(False)  # not literals: see kernels.chunks.HONOUR_TIMESTAMPS

@@ -141,14 +141,20 @@ _INT64_MAX = np.int64(2**63 - 1)
 _STARTING = np.bool_(True)  # region_holding's flag: not literals (compiled once, as the op's)
 _HOLDING = np.bool_(False)
 _UNKNOWN_PIECE = np.int64(UNKNOWN_PIECE)
+# compact_allocate's ``leased``: a batch's call (under its leases, if open) or a
+# single call (never: one that re-enters during a batch must not use them).
+IN_BATCH = np.bool_(True)
+SINGLE_CALL = np.bool_(False)
 
 
 @inner
-def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed_before):
+def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, freed_before,
+                     leased):
     """Serve ``num_bytes`` (> 0) by best fit in its space.
 
     Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
-    nothing has changed. Under the address leases, also the façade's first
+    nothing has changed. In a batch (``leased``) under the address leases,
+    also the façade's first
     growth at a space's top (``lease_growth``): ``GREW_NOT_FOUND`` if it grew
     and there is still no fit. Where the rest of the slow path can be the
     kernels' (``slow_path_is_kernels``), ``LEASE_SLOW_PATH`` instead of
@@ -160,7 +166,7 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
                                                                             alignment)
     p = allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, alignment,
                            freed_before, first_bin, stop_bin)
-    if p != NOT_FOUND or state[S_LEASE_ON] == 0:
+    if p != NOT_FOUND or not leased or state[S_LEASE_ON] == 0:
         return p
     if (state[S_FAIL_QUIETLY] != 0 and state[S_RELEASE_DUE] == 0
             and fails_for_certain(chunks, bins, regions, state, space, rounded, need)):
@@ -585,7 +591,8 @@ def compact_allocate_op(state, num_bytes, alignment, freed_before, locked):
     if not may_proceed(state, locked):
         return TABLES_BUSY
     chunks, bins, regions, pmap, _, st = table_views(state)
-    p = compact_allocate(chunks, bins, regions, pmap, st, num_bytes, alignment, freed_before)
+    p = compact_allocate(chunks, bins, regions, pmap, st, num_bytes, alignment, freed_before,
+                         SINGLE_CALL)
     if p == NOT_FOUND and fails_whatever_given_back(
             st, round_up(num_bytes, st[S_MIN_ALLOCATION]), freed_before):
         st[S_FAILED_LARGEST_FREE] = largest_free_chunk(chunks, bins)
@@ -612,6 +619,8 @@ def compact_slow_path_op(state, num_bytes, alignment):
     compile it in.
     """
     chunks, bins, regions, pmap, _, state = table_views(state)
+    if state[S_LEASE_ON] == 0:  # a call that re-entered settled the leases
+        return GREW_NOT_FOUND if state[S_BATCH_GROWTH] == GREW else NOT_FOUND
     rounded, space, alignment, need, first_bin, stop_bin = request_in_space(state, num_bytes,
                                                                             alignment)
     grown = state[S_BATCH_GROWTH]
