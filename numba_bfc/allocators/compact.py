@@ -227,11 +227,11 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
             self._settle_lease()
             return super().empty_cache()
 
+    empty_cache.__doc__ = CompactGrowth.empty_cache.__doc__
+
     def _release_due(self) -> None:
         self._settle_lease()
         super()._release_due()
-
-    empty_cache.__doc__ = CompactGrowth.empty_cache.__doc__
 
     def _replay_lease_log(self, log: list) -> None:
         """Record what the kernel did under the leases with pages given back

@@ -154,13 +154,13 @@ def compact_allocate(chunks, bins, regions, pmap, state, num_bytes, alignment, f
 
     Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
     nothing has changed. In a batch (``leased``) under the address leases,
-    also the façade's first
-    growth at a space's top (``lease_growth``): ``GREW_NOT_FOUND`` if it grew
-    and there is still no fit. Where the rest of the slow path can be the
-    kernels' (``slow_path_is_kernels``), ``LEASE_SLOW_PATH`` instead of
-    either, with ``state[S_BATCH_GROWTH]`` saying what growth was tried:
-    ``compact_slow_path_op`` goes on. And where the façade allows it,
-    ``FAILED_HERE``, counted in ``state[S_FAILED_HERE]`` (``fails_for_certain``).
+    also the façade's first growth at a space's top (``lease_growth``):
+    ``GREW_NOT_FOUND`` if it grew and there is still no fit. Where the rest
+    of the slow path can be the kernels' (``slow_path_is_kernels``),
+    ``LEASE_SLOW_PATH`` instead of either, with ``state[S_BATCH_GROWTH]``
+    saying what growth was tried: ``compact_slow_path_op`` goes on. And where
+    the façade allows it, ``FAILED_HERE``, counted in ``state[S_FAILED_HERE]``
+    (``fails_for_certain``).
     """
     rounded, space, alignment, need, first_bin, stop_bin = request_in_space(state, num_bytes,
                                                                             alignment)
@@ -269,13 +269,9 @@ def lease_growth(chunks, bins, regions, state, space, need):
     over the backend's room, a clash with the other space, the log or a table
     full).
     """
-    if state[S_LEASE_PIECES] == LEASE_LOG_PIECES or state[S_FREE_ROWS] <= ROWS_PER_OPERATION:
+    if no_room_to_grow(state):
         return UNDECIDED
     ptr, size, end = growth_at_top(chunks, regions, state, space, need)
-    if ptr < 0:
-        return UNDECIDED
-    if size == _INT64_MAX:
-        return NO_GROWTH
     return grow_at(chunks, bins, regions, state, space, ptr, size, end)
 
 
@@ -286,7 +282,7 @@ def lease_growth_or_fill(chunks, bins, regions, state, space, need):
     pieces) the cheapest of its growth at the top and the hole fills
     (``CompactGrowth._grow_in_place``): fewest new pages, then the lowest
     address. Returns as ``lease_growth``."""
-    if state[S_LEASE_PIECES] == LEASE_LOG_PIECES or state[S_FREE_ROWS] <= ROWS_PER_OPERATION:
+    if no_room_to_grow(state):
         return UNDECIDED
     ptr, size, end = growth_at_top(chunks, regions, state, space, need)
     if state[S_PUNCHED] != 0 and end != 0:
@@ -294,15 +290,17 @@ def lease_growth_or_fill(chunks, bins, regions, state, space, need):
             return UNDECIDED  # something else may be mapped in the holes
         size, ptr = cheapest_fill(chunks, regions, space, need, state[S_QUANTA + space],
                                   state[S_LEASE_LIMIT] - state[S_POOL_BYTES], size, ptr)
-        if ptr != end and state[S_NUM_REGIONS] >= regions.shape[0]:
-            return UNDECIDED
-    if ptr < 0:
-        return UNDECIDED
-    if size == _INT64_MAX:
-        return NO_GROWTH
-    if ptr != end and end != 0:
-        return fill_hole(chunks, bins, regions, state, space, ptr, size)
+        if ptr != end:  # a fill: within the limit
+            if state[S_NUM_REGIONS] >= regions.shape[0]:
+                return UNDECIDED
+            return fill_hole(chunks, bins, regions, state, space, ptr, size)
     return grow_at(chunks, bins, regions, state, space, ptr, size, end)
+
+
+@inner
+def no_room_to_grow(state):
+    """True if the leases' log or the chunk table is too full for a growth."""
+    return state[S_LEASE_PIECES] == LEASE_LOG_PIECES or state[S_FREE_ROWS] <= ROWS_PER_OPERATION
 
 
 @inner
@@ -332,11 +330,17 @@ def growth_at_top(chunks, regions, state, space, need):
 
 @inner
 def grow_at(chunks, bins, regions, state, space, ptr, size, end):
-    """Map ``size`` bytes at ``ptr`` under the space's lease: at the top of
-    the space (``ptr == end``, joining its highest region, with headroom) or
-    as its first region (``end == 0``). Returns ``GREW``, or ``UNDECIDED``
-    with nothing changed where the backend would refuse it or place it
+    """Map ``size`` bytes at ``ptr`` under the space's lease (``growth_at_top``'s
+    choice): at the top of the space (``ptr == end``, joining its highest
+    region, with headroom) or as its first region (``end == 0``). Returns
+    ``GREW``; ``NO_GROWTH`` where the pages are over the limit
+    (``_INT64_MAX`` bytes); or ``UNDECIDED`` with nothing changed where the
+    façade must decide (ptr -1) or the backend would refuse it or place it
     elsewhere."""
+    if ptr < 0:
+        return UNDECIDED
+    if size == _INT64_MAX:
+        return NO_GROWTH
     at = S_LEASES + space * LEASE_SLOTS
     if ptr == end:
         pool = state[S_POOL_BYTES]
