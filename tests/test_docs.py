@@ -66,7 +66,13 @@ def test_the_readme_is_a_landing_page():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 200
     for link in re.findall(r"\]\((docs/[^)]+)\)", readme):
-        assert (ROOT / link).is_file(), link
+        path, _, anchor = link.partition("#")
+        assert (ROOT / path).is_file(), link
+        if anchor:  # a heading of that page, as the manual's build names it (GitHub's slugs)
+            headings = re.findall(r"^#{1,3} (.+)$", (ROOT / path).read_text(), re.MULTILINE)
+            slugs = {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-")
+                     for h in headings}
+            assert anchor in slugs, link
 
 
 def test_the_manual_builds_without_warnings(tmp_path):

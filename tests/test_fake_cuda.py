@@ -127,6 +127,18 @@ ok(d.cuMemUnmap(va + 2 * g, g))
 out["all_back"] = int(ok(d.cuMemGetInfo())[0]) == int(free0)
 out["unmap_unmapped"] = code(d.cuMemUnmap(va, g))
 ok(d.cuMemAddressFree(va, 4 * g))
+# The primary context as an H100 showed it under numba-cuda's cuda.close(): still
+# current once released to no retains or reset, but destroyed until retained
+# again, under the same handle.
+dev = ok(d.cuDeviceGet(0))
+ok(d.cuDevicePrimaryCtxRelease(dev))
+out["use_after_last_release"] = code(d.cuMemGetInfo())
+out["release_without_retain"] = code(d.cuDevicePrimaryCtxRelease(dev))
+again = ok(d.cuDevicePrimaryCtxRetain(dev))
+out["retain_revives_same_handle"] = [int(again) == int(ctx), code(d.cuMemGetInfo())]
+ok(d.cuDevicePrimaryCtxReset(dev))
+out["use_after_reset"] = code(d.cuMemGetInfo())
+out["release_after_reset"] = code(d.cuDevicePrimaryCtxRelease(dev))
 print(json.dumps(out))
 """
 
@@ -159,6 +171,11 @@ def test_fake_driver_refuses_what_a_driver_refuses():
         "released_still_counted": True,
         "all_back": True,
         "unmap_unmapped": "CUDA_ERROR_NOT_MAPPED",
+        "use_after_last_release": "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        "release_without_retain": "CUDA_ERROR_INVALID_CONTEXT",
+        "retain_revives_same_handle": [True, "CUDA_SUCCESS"],
+        "use_after_reset": "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        "release_after_reset": "CUDA_ERROR_INVALID_CONTEXT",
     }
 
 

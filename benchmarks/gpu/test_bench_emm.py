@@ -17,7 +17,6 @@ see, their times are not (the fake's driver calls cost next to nothing).
 """
 
 import contextlib
-import gc
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
 from gpu_support import (  # noqa: E402
     GPU_SKIP,
     KERNEL_SKIP,
+    close_cuda,
     count_driver_calls,
     default_numba_context,
     numba_bfc_context,
@@ -51,15 +51,13 @@ def rmm_context():
     from rmm.allocators.numba import RMMNumbaManager
 
     saved = drv._memory_manager
-    gc.collect()
-    cuda.close()
+    close_cuda()
     rmm.reinitialize(pool_allocator=True, initial_pool_size=1 << 30)
     try:
         drv._memory_manager = RMMNumbaManager
         yield cuda.current_context()
     finally:
-        gc.collect()
-        cuda.close()
+        close_cuda()
         drv._memory_manager = saved
         rmm.reinitialize()
 

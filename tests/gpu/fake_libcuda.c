@@ -112,6 +112,7 @@ enum {
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
     CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
@@ -147,8 +148,8 @@ typedef struct {
 static mapping_t *mappings;
 static size_t nmaps, cap_maps;
 
-struct fake_context { int retained; int alive; int reset; };
-static struct fake_context primary = {0, 0, 0};
+struct fake_context { int retained; int alive; };
+static struct fake_context primary = {0, 0};
 static __thread CUcontext ctx_stack[64];
 static __thread int ctx_depth;
 #define CU_STREAM_NON_BLOCKING 1
@@ -181,9 +182,13 @@ static CUresult ensure_init(void) { return initialized ? CUDA_SUCCESS : CUDA_ERR
 
 static CUresult need_context(void) {
     if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    /* A released primary context stays current, and usable, as on the real
-       driver ("it does not pop the context from the stack of any threads"). */
     if (ctx_depth == 0 || ctx_stack[ctx_depth - 1] == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    /* A primary context released to no retains, or reset, stays on the threads'
+       stacks but is destroyed until retained again, under the same handle: an
+       H100 (driver 580) answered CONTEXT_IS_DESTROYED after numba-cuda's
+       cuda.close() when cuda.core set its cached handle current again. */
+    if (ctx_stack[ctx_depth - 1] == (CUcontext)&primary && !primary.alive)
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     return CUDA_SUCCESS;
 }
 
@@ -702,10 +707,9 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
     if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&lock);
     CUresult rc = CUDA_SUCCESS;
-    /* After cuDevicePrimaryCtxReset the driver ignores releases it has no
-       retain for (numba-cuda's cuda.close() relies on it: it releases once per
-       close while cuda.core retains once per device object). */
-    if (primary.retained <= 0) rc = primary.reset ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    /* A release with no retain left is refused, after a reset too (seen on an
+       H100 when a second cuda.close() followed the first). */
+    if (primary.retained <= 0) rc = CUDA_ERROR_INVALID_CONTEXT;
     else if (--primary.retained == 0) { primary.alive = 0; free_everything(); }
     pthread_mutex_unlock(&lock);
     return rc;
@@ -715,7 +719,8 @@ CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
     if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&lock);
     free_everything();
-    primary.reset = 1;
+    primary.retained = 0;
+    primary.alive = 0;
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }

@@ -53,38 +53,95 @@ def pattern(seed: int, n: int) -> np.ndarray:
     return ((seed * 2654435761 + np.arange(n, dtype=np.int64)) & 0xFFFFFFFF).astype(np.uint32)
 
 
-_fill_kernel = None
+#: Kernels compiled for the current context, by name; ``close_cuda`` empties it.
+_kernels: dict = {}
 
 
-def write_pattern(arr, seed: int) -> None:
-    """Fill the uint32 device array ``arr`` with ``pattern(seed, arr.size)``.
+def _kernel(name: str):
+    """The test kernel ``name``, compiled for the current context.
+
+    numba-cuda keeps a compiled kernel's function per device, not per context, so
+    one compiled before ``cuda.close()`` launches a function of an unloaded module
+    (``CUDA_ERROR_INVALID_HANDLE`` on an H100); each context gets its own.
+    """
+    if name not in _kernels:
+        from numba import cuda
+
+        if name == "fill":
+            @cuda.jit
+            def kernel(a, s):
+                i = cuda.grid(1)
+                if i < a.size:
+                    a[i] = (s * 2654435761 + i) & 0xFFFFFFFF  # int64 arithmetic, then wrap
+        else:
+            @cuda.jit
+            def kernel(n):
+                for _ in range(n):
+                    cuda.nanosleep(1000000)  # 1 ms at most per call
+
+        _kernels[name] = kernel
+    return _kernels[name]
+
+
+def warm_kernels() -> None:
+    """Compile the test kernels for the current context and launch each once.
+
+    A kernel's first launch loads it, and CUDA's lazy loading may synchronize the
+    context to do so: on an H100 the first launch of the fill kernel on one stream
+    waited for ``slow_fill``'s sleep on another, which hid the hazard that the
+    stream-safety tests build. Launched here, before a test queues any work, the
+    kernels are loaded. Allocates nothing from the pool (an empty array).
+    """
+    if not KERNELS:
+        return
+    from numba import cuda
+
+    _kernel("spin")[1, 1](0)
+    _kernel("fill")[1, 1](cuda.device_array(0, dtype=np.uint32), 0)
+    cuda.synchronize()
+
+
+def write_pattern(arr, seed: int, stream=0) -> None:
+    """Fill the uint32 device array ``arr`` with ``pattern(seed, arr.size)``, queued
+    on ``stream``.
 
     On a GPU a Numba kernel writes it; on the fake driver a host-to-device copy.
     """
-    global _fill_kernel
     if not KERNELS:
-        arr.copy_to_device(pattern(seed, arr.size))
+        arr.copy_to_device(pattern(seed, arr.size), stream=stream)
         return
-    if _fill_kernel is None:
-        from numba import cuda
-
-        @cuda.jit
-        def fill(a, s):
-            i = cuda.grid(1)
-            if i < a.size:
-                a[i] = (s * 2654435761 + i) & 0xFFFFFFFF  # int64 arithmetic, then wrap
-
-        _fill_kernel = fill
     threads = 256
-    _fill_kernel[(arr.size + threads - 1) // threads, threads](arr, seed)
+    _kernel("fill")[(arr.size + threads - 1) // threads, threads, stream](arr, seed)
+
+
+def close_cuda() -> None:
+    """``cuda.close()``, leaving the device usable by the next context Numba makes.
+
+    numba-cuda takes the primary context through cuda.core, which retains it once
+    and keeps the handle; ``cuda.close()`` releases and resets it. On an H100 the
+    next context Numba made was then that destroyed handle (every driver call:
+    ``CUDA_ERROR_CONTEXT_IS_DESTROYED``), whatever the memory manager. A retain
+    brings the primary context back under the same handle. The test kernels are
+    compiled again for the next context (``_kernel``).
+    """
+    from numba import cuda
+    from numba.cuda.cudadrv.driver import driver
+
+    gc.collect()
+    cuda.close()
+    _kernels.clear()
+    _flags, active = driver.cuDevicePrimaryCtxGetState(0)
+    if not active:
+        driver.cuDevicePrimaryCtxRetain(0)
 
 
 @contextlib.contextmanager
 def numba_bfc_context(**options):
     """A fresh CUDA context whose memory manager is numba_bfc with ``options``.
 
-    Closes Numba's contexts before and after, and restores the memory manager
-    that was selected before.
+    Closes Numba's contexts before and after (``close_cuda``), loads the test
+    kernels (``warm_kernels``), and restores the memory manager that was
+    selected before.
     """
     from numba import cuda
     from numba.cuda.cudadrv import driver as drv
@@ -92,16 +149,15 @@ def numba_bfc_context(**options):
     from numba_bfc.integrations.numba_emm import use_numba_bfc
 
     saved = drv._memory_manager
-    gc.collect()
-    cuda.close()
+    close_cuda()
     try:
         cls = use_numba_bfc(**options)
         ctx = cuda.current_context()
         assert isinstance(ctx.memory_manager, cls)
+        warm_kernels()
         yield ctx
     finally:
-        gc.collect()
-        cuda.close()
+        close_cuda()
         drv._memory_manager = saved
 
 
@@ -112,14 +168,12 @@ def default_numba_context():
     from numba.cuda.cudadrv import driver as drv
 
     saved = drv._memory_manager
-    gc.collect()
-    cuda.close()
+    close_cuda()
     try:
         drv._memory_manager = drv.NumbaCUDAMemoryManager
         yield cuda.current_context()
     finally:
-        gc.collect()
-        cuda.close()
+        close_cuda()
         drv._memory_manager = saved
 
 
@@ -167,30 +221,22 @@ def non_blocking_stream():
         drv.driver.cuStreamDestroy(handle)
 
 
-_spin_kernel = None
+#: How long ``slow_fill``'s kernel sleeps, in ms: long past the host work a test
+#: does between queuing it and looking (50 ms did not show the hazard on an H100).
+SPIN_MS = 300
 
 
 def slow_fill(arr, byte: int, stream) -> None:
     """Queue on ``stream`` work that writes ``byte`` over ``arr`` late.
 
-    On a GPU a kernel first sleeps about 50 ms, so the write lands long after
-    work queued on other streams; on the fake driver queued work runs only
+    On a GPU a kernel first sleeps about ``SPIN_MS``, so the write lands long
+    after work queued on other streams; on the fake driver queued work runs only
     when something waits for it, which is later still.
     """
-    global _spin_kernel
     from numba.cuda.cudadrv import driver as drv
 
     if KERNELS:
-        if _spin_kernel is None:
-            from numba import cuda
-
-            @cuda.jit
-            def spin(n):
-                for _ in range(n):
-                    cuda.nanosleep(1000000)  # 1 ms, the most one call sleeps
-
-            _spin_kernel = spin
-        _spin_kernel[1, 1, stream](50)
+        _kernel("spin")[1, 1, stream](SPIN_MS)
     drv.device_memset(arr, byte, arr.nbytes, stream=stream)
 
 

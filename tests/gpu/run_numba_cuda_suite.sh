@@ -68,14 +68,16 @@ EOF
 
 # numba-cuda's CUDATestCase needs a fixture and an option that live in the
 # repository's conftest, which the wheel does not ship; the tests also need
-# namespace-package collection.
+# namespace-package collection. The stand-in is loaded as a plugin (-p): pytest
+# reads no conftest.py from the working directory for tests given by --pyargs
+# (seen with pytest 9.1 on a GPU machine).
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cat > "$WORK/pytest.ini" <<'EOF'
 [pytest]
 consider_namespace_packages = true
 EOF
-cat > "$WORK/conftest.py" <<'EOF'
+cat > "$WORK/numba_bfc_suite_plugin.py" <<'EOF'
 import os
 
 import fake_cuda
@@ -110,7 +112,7 @@ run() {  # run LABEL MANAGER
   local label=$1 manager=$2
   echo "== numba-cuda tests with NUMBA_CUDA_MEMORY_MANAGER=$manager"
   (cd "$WORK" && NUMBA_CUDA_MEMORY_MANAGER=$manager SUITE_MANAGER_FILE="$OUT/manager-$label.txt" \
-     "$PY" -m pytest -p no:cacheprovider -q -rfE --continue-on-collection-errors --pyargs "${TESTS[@]}" \
+     PYTHONPATH="$WORK:$PYTHONPATH" "$PY" -m pytest -p no:cacheprovider -p numba_bfc_suite_plugin -q -rfE --continue-on-collection-errors --pyargs "${TESTS[@]}" \
        --junitxml="$OUT/$label.xml" > "$OUT/$label.log" 2>&1) || true
   tail -n 3 "$OUT/$label.log"
 }

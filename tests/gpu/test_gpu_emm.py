@@ -19,6 +19,7 @@ import pytest
 from gpu_support import (
     GPU_SKIP,
     KERNEL_SKIP,
+    close_cuda,
     count_driver_calls,
     default_numba_context,
     numba_bfc_context,
@@ -149,7 +150,7 @@ def test_close_and_a_new_context(bfc_context):
     stale = cuda.device_array(1 << 16, dtype=np.uint32)
     write_pattern(stale, 3)
     cls = type(old_mgr)
-    cuda.close()
+    close_cuda()
     ctx = cuda.current_context()
     assert type(ctx.memory_manager) is cls and ctx.memory_manager is not old_mgr
     fresh = cuda.device_array(1 << 16, dtype=np.uint32)

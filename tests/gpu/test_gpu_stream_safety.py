@@ -12,6 +12,7 @@ import contextlib
 import gc
 import sys
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from gpu_support import (
     numba_bfc_context,
     pattern,
     slow_fill,
+    write_pattern,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the CuPy stand-in
@@ -52,6 +54,7 @@ def _overwritten_after_reuse(writer_stream, *, record=False, sync_write=False):
 
     import numba_bfc
 
+    want = pattern(7, N // 4).view(np.uint8)  # before A's write: the host's work is short
     a = cuda.device_array(N, dtype=np.uint8)
     old = _ptr(a)
     slow_fill(a, 0xAA, writer_stream)
@@ -59,12 +62,13 @@ def _overwritten_after_reuse(writer_stream, *, record=False, sync_write=False):
         numba_bfc.record_stream(a, writer_stream)
     del a
     b = cuda.device_array(N, dtype=np.uint8)
-    want = pattern(7, N // 4).view(np.uint8)
     if sync_write:
         b.copy_to_device(want)  # the legacy default stream, synchronous
     else:
+        # A kernel, not a copy: an H100 ran a pageable host-to-device copy on
+        # another blocking stream only after the writer's work.
         other = cuda.stream()
-        b.copy_to_device(want, stream=other)
+        write_pattern(b.view(np.uint32), 7, stream=other)
         other.synchronize()
     writer_stream.synchronize()
     cuda.synchronize()
@@ -161,9 +165,12 @@ def test_defer_cleanup_still_holds_frees():
             a = cuda.device_array(MiB, dtype=np.uint8)
             old = _ptr(a)
             slow_fill(a, 0x11, s)
+            owner = weakref.ref(a.gpu_data)
             del a
+            held = owner()
+            why = [type(r).__name__ for r in gc.get_referrers(held)] if held is not None else []
             b = cuda.device_array(MiB, dtype=np.uint8)
-            assert _ptr(b) != old and mgr.pending_frees == 1
+            assert _ptr(b) != old and mgr.pending_frees == 1, (held, why, mgr.deferred)
             assert mgr.stream_safety_stats().events_recorded == 0
         s.synchronize()
         mgr.release_unused()

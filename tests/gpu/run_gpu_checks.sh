@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Everything that needs a real GPU, in one run with a time limit per step: the
+# machine's versions, the GPU suite, the GPU benchmarks, the demo's kernels and
+# numba-cuda's own tests with the plugin. For a session with a GPU for minutes.
+#
+# Usage:   tests/gpu/run_gpu_checks.sh [OUTPUT_DIR]      (from anywhere)
+# Env:     PYTHON (default python3); T_TESTS, T_BENCH, T_DEMO, T_SUITE: seconds
+#          per step (200, 150, 45, 140).
+# Output:  OUTPUT_DIR/{gpu_tests.log,gpu_tests.xml,gpu_bench.log,bench.json,
+#          demo.log}, OUTPUT_DIR/suite/ (run_numba_cuda_suite.sh), and on stdout
+#          what failed. Needs the 'test' extra's pytest, pytest-benchmark,
+#          hypothesis and filecheck, and numba-cuda with a NumPy it supports
+#          (numba-cuda 0.30.4 compiles no kernel with NumPy 2.5: no np.row_stack).
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${1:-$ROOT/gpu_check_results}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PY=${PYTHON:-python3}
+export PYTHONPATH="$ROOT:$ROOT/tests/gpu${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+cd "$ROOT"
+T0=$(date +%s)
+step() { echo; echo "=== [$(( $(date +%s) - T0 ))s] $*"; }
+
+step machine
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+"$PY" - <<'PYEOF'
+import importlib.metadata as md, platform
+print("python", platform.python_version())
+for name in ("numba", "numba-cuda", "numpy", "cuda-bindings", "cuda-core", "cupy-cuda13x",
+             "cupy-cuda12x", "pytest"):
+    try:
+        print(name, md.version(name))
+    except md.PackageNotFoundError:
+        pass
+PYEOF
+
+step GPU suite
+timeout "${T_TESTS:-200}" "$PY" -m pytest -p no:cacheprovider -m cuda tests/gpu -v -rfEs \
+    --durations=12 --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
+echo "exit status $?"
+grep -E "^(FAILED|ERROR) " "$OUT/gpu_tests.log"
+tail -n 1 "$OUT/gpu_tests.log"
+
+step GPU benchmarks
+timeout "${T_BENCH:-150}" "$PY" -m pytest -p no:cacheprovider -m cuda benchmarks/gpu -q -rfEs \
+    --benchmark-max-time=0.3 --benchmark-columns=min,median,mean,rounds \
+    --benchmark-group-by=group --benchmark-json="$OUT/bench.json" > "$OUT/gpu_bench.log" 2>&1
+echo "exit status $?"
+grep -E "^(FAILED|ERROR) |^test_|^Name" "$OUT/gpu_bench.log" | cut -c1-160
+
+step demo
+timeout "${T_DEMO:-45}" "$PY" -m numba_bfc demo > "$OUT/demo.log" 2>&1
+echo "exit status $?"
+sed -n '3,6p' "$OUT/demo.log"
+
+step numba-cuda suite
+PYTHON="$PY" timeout "${T_SUITE:-140}" bash tests/gpu/run_numba_cuda_suite.sh "$OUT/suite" \
+    > "$OUT/suite.log" 2>&1
+echo "exit status $?"
+sed -n '/^| configuration/,/^## Failing with both/p' "$OUT/suite/summary.md" 2>/dev/null
+step done
