@@ -760,6 +760,27 @@ def test_the_kernel_gives_pages_back_and_fills_holes_in_a_replay():
     check_invariants(fast)
 
 
+def test_the_pieces_play_the_kernels_logs_of_several_replays_in_order():
+    """What a replay's kernels did to the backend pieces is played when the
+    pieces are next read: after two replays at 1.25x peak that give pages back,
+    with nothing read between them, the pieces, the regions' newest pieces and
+    the backend records are the reference's."""
+    trace = load_bundled("cnn_train")
+    limit = int(1.25 * int(trace.live_bytes().max()))
+    fast, ref = (POLICIES[name](limit, None) for name in ("compact", "compact-oracle"))
+    outcomes, unplayed = [], []
+    for _ in range(2):
+        outcomes.append((_replay_outcome(trace, fast, "kernel", 256),
+                         _replay_outcome(trace, ref, "python", 256)))
+        unplayed.append(len(fast._unplayed))
+    assert all(f == r for f, r in outcomes)
+    assert 0 < unplayed[0] < unplayed[1]  # the second replay's logs queued after the first's
+    assert any(min(sizes) < 0 for _, _, sizes in fast._unplayed)
+    assert _observe(fast) == _observe(ref)
+    assert not fast._unplayed
+    check_invariants(fast)
+
+
 def test_a_hole_filled_after_the_top_leaves_the_backend_top_where_it_is():
     """One lease's log may hold growth at the top, then a hole filled below it:
     the backend's top (where another user's next region goes) stays the

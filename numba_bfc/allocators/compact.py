@@ -211,11 +211,16 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         st[S_LEASE_PIECES] = 0
         self._lease_inputs = None  # the slots moved on: write them afresh
         log = st[S_LEASE_LOG:S_LEASE_LOG + 3 * made].reshape(made, 3).tolist()
-        if any(size < 0 for _, _, size in log):
-            self._replay_lease_log(log)
-            return
-        for space in range(len(self._space_backends)):
-            self._record_placed(space, [(ptr, size) for s, ptr, size in log if s == space])
+        for space, backend in enumerate(self._space_backends):
+            entries = [(ptr, size) for s, ptr, size in log if s == space]
+            if not entries:
+                continue
+            bases, sizes = [ptr for ptr, _ in entries], [size for _, size in entries]
+            backend.record_leased(bases, sizes)
+            self._log_pieces(space, bases, sizes)
+            self._widen_hull(space, [(ptr, size) for ptr, size in entries if size > 0])
+            if min(sizes) < 0:
+                self._punched = True
 
     def _allocate_slow(self, n: int, alignment: int, freed_before: int,
                        extended: bool = False) -> int:
@@ -233,40 +238,15 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         self._settle_lease()
         super()._release_due()
 
-    def _replay_lease_log(self, log: list) -> None:
-        """Record what the kernel did under the leases with pages given back
-        (``policies.compact.lease_release``), in its order, as the façade's
-        slow path would have: pieces placed (size > 0; in holes too) and page
-        runs given back (size < 0), with each space's backend and in
-        ``_pieces``. Then fill in the newest piece of the regions the kernel
-        cut, which only the pieces know."""
-        pieces = self._pieces
-        for space, backend in enumerate(self._space_backends):
-            bases = [ptr for s, ptr, _ in log if s == space]
-            if not bases:
-                continue
-            sizes = [size for s, _, size in log if s == space]
-            backend.record_leased(bases, sizes)
-            bad = self._play_on_pieces(space, bases, sizes)
-            if bad >= 0:
-                raise RuntimeError(f"the kernel's log entry ({bases[bad]:#x}, {sizes[bad]}) "
-                                   "does not fit the record of backend pieces")
-            self._widen_hull(space, [(b, n) for b, n in zip(bases, sizes) if n > 0])
-        self._punched = True
-        regions = self._regions
+    def _pieces_played_back(self) -> None:
+        """Fill in the newest piece of the regions a kernel cut while giving
+        pages back (``policies.compact.lease_release`` marks it unknown), which
+        only the pieces know."""
+        pieces, regions = self._piece_map, self._regions
         for r in np.flatnonzero((regions["last_piece"] == L.UNKNOWN_PIECE)
                                 & (regions["size"] > 0)).tolist():
             end = int(regions[r]["base"] + regions[r]["size"])
             regions[r]["last_piece"] = pieces.peekitem(pieces.bisect_left(end) - 1)[0]
-
-    def _record_placed(self, space: int, pieces: list[tuple[int, int]]) -> None:
-        """Record ``(ptr, size)`` pieces placed in ``space`` under its lease, in
-        the order placed, with its backend and in ``_pieces``."""
-        if not pieces:
-            return
-        self._space_backends[space].record_leased([p for p, _ in pieces], [n for _, n in pieces])
-        self._file_pieces([(ptr, (size, space)) for ptr, size in pieces])
-        self._widen_hull(space, pieces)
 
     def _widen_hull(self, space: int, pieces: list[tuple[int, int]]) -> None:
         """Take ``(ptr, size)`` pieces placed into the span ``space`` has used."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -80,7 +81,9 @@ class CompactGrowth:
         # Backend allocations: ptr -> (size, space) (see _pieces); and the span
         # each space has used.
         self._piece_map: SortedDict = SortedDict()
-        self._unfiled_pieces: list[tuple[int, tuple[int, int]]] = []
+        # What batch kernels did to the pieces, in order, not yet played on
+        # _piece_map: (space, bases, sizes) as in their log (``_log_pieces``).
+        self._unplayed: list[tuple[int, list[int], list[int]]] = []
         self._hulls = [(1 << 63, 0), (1 << 63, 0)]
         # Set once a page has gone back from the middle of a space: from then
         # on growth also looks at the holes.
@@ -93,20 +96,40 @@ class CompactGrowth:
 
     @property
     def _pieces(self) -> SortedDict:
-        """Backend allocations, ``ptr -> (size, space)``, with the pieces a batch
-        kernel placed (``_file_pieces``) folded in when first read."""
-        if self._unfiled_pieces:
-            unfiled, self._unfiled_pieces = self._unfiled_pieces, []
-            if len(unfiled) < 8:  # update() would sort the whole map again
-                for ptr, piece in unfiled:
-                    self._piece_map[ptr] = piece
-            else:
-                self._piece_map.update(unfiled)
+        """Backend allocations, ``ptr -> (size, space)``, with what batch kernels
+        did to them (``_log_pieces``) played when first read."""
+        if self._unplayed:
+            self._play_unplayed()
         return self._piece_map
 
-    def _file_pieces(self, pieces: list[tuple[int, tuple[int, int]]]) -> None:
-        """Add ``(ptr, (size, space))`` pieces to ``_pieces`` when it is next read."""
-        self._unfiled_pieces += pieces
+    def _play_unplayed(self) -> None:
+        """Play the logs ``_log_pieces`` kept, in order, on the map."""
+        unplayed, self._unplayed = self._unplayed, []
+        pieces = self._piece_map
+        gave_back = False
+        for space, bases, sizes in unplayed:
+            if min(sizes) < 0:
+                gave_back = True
+                bad = self._play_on_map(pieces, space, bases, sizes)
+                if bad >= 0:
+                    raise RuntimeError(f"the kernel's log entry ({bases[bad]:#x}, {sizes[bad]}) "
+                                       "does not fit the record of backend pieces")
+            elif len(bases) < 8:  # update() would sort the whole map again
+                for ptr, size in zip(bases, sizes):
+                    pieces[ptr] = (size, space)
+            else:
+                pieces.update(zip(bases, zip(sizes, itertools.repeat(space))))
+        if gave_back:
+            self._pieces_played_back()
+
+    def _log_pieces(self, space: int, bases: list[int], sizes: list[int]) -> None:
+        """Play a kernel's log for ``space`` (pieces placed, ``size > 0``, and page
+        runs given back, ``size < 0``, in order) on ``_pieces`` when it is next
+        read: a batch that nobody inspects afterwards never pays for it."""
+        self._unplayed.append((space, bases, sizes))
+
+    def _pieces_played_back(self) -> None:
+        """Called once ``_pieces`` has played a log that gave pages back."""
 
     @property
     def small_backend(self):
@@ -400,10 +423,15 @@ class CompactGrowth:
     def _play_on_pieces(self, space: int, bases: Sequence[int], sizes: Sequence[int]) -> int:
         """``play_log_on_map`` on the record of backend pieces: pieces placed
         and spans given back, all in ``space``; returns its answer."""
+        return self._play_on_map(self._pieces, space, bases, sizes)
+
+    @staticmethod
+    def _play_on_map(pieces: SortedDict, space: int, bases: Sequence[int],
+                     sizes: Sequence[int]) -> int:
         def value_of(start: int, end: int, old: tuple[int, int] | None) -> tuple[int, int]:
             return end - start, space if old is None else old[1]
 
-        return play_log_on_map(self._pieces, bases, sizes, _piece_end, value_of)
+        return play_log_on_map(pieces, bases, sizes, _piece_end, value_of)
 
     def _release_free_regions(self, rounded: int) -> bool:
         # BFC's garbage collection of whole free regions, generalised to free
