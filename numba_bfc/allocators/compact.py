@@ -234,9 +234,26 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
 
     empty_cache.__doc__ = CompactGrowth.empty_cache.__doc__
 
+    def deallocate_free_regions(self, rounded_bytes: int = 0) -> bool:
+        with self._lock:
+            self._settle_lease()
+            return super().deallocate_free_regions(rounded_bytes)
+
+    deallocate_free_regions.__doc__ = BFCAllocator.deallocate_free_regions.__doc__
+
     def _release_due(self) -> None:
         self._settle_lease()
         super()._release_due()
+
+    @property
+    def tables(self) -> dict[str, np.ndarray]:
+        """The live tables (``chunks``, ``bins``, ``regions``, ``pointer_map``,
+        ``state``), for inspection; do not modify them. The regions' newest
+        pieces that the kernels left to the record of backend pieces are
+        filled in first."""
+        if self._unplayed:
+            self._play_unplayed()
+        return super().tables
 
     def _pieces_played_back(self) -> None:
         """Fill in the newest piece of the regions a kernel cut while giving

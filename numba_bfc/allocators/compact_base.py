@@ -42,6 +42,10 @@ from ..policies.compact import GROWTH_FRACTION, GROWTH_PAGES, LARGE_SPACE, SMALL
 from ._options import resolve_compact_options
 from .bfc_base import MIN_ALLOCATION
 
+#: Kernel logs the record of backend pieces keeps unplayed at most (a replay at
+#: a tight limit leaves one or two per batch).
+_MAX_UNPLAYED = 64
+
 
 def _round_up(n: int, quantum: int) -> int:
     return -(-n // quantum) * quantum
@@ -125,7 +129,10 @@ class CompactGrowth:
     def _log_pieces(self, space: int, bases: list[int], sizes: list[int]) -> None:
         """Play a kernel's log for ``space`` (pieces placed, ``size > 0``, and page
         runs given back, ``size < 0``, in order) on ``_pieces`` when it is next
-        read: a batch that nobody inspects afterwards never pays for it."""
+        read: a batch that nobody inspects afterwards never pays for it. At most
+        ``_MAX_UNPLAYED`` logs wait."""
+        if len(self._unplayed) >= _MAX_UNPLAYED:
+            self._play_unplayed()
         self._unplayed.append((space, bases, sizes))
 
     def _pieces_played_back(self) -> None:

@@ -300,6 +300,7 @@ def remove_region(chunks, bins, regions, state, r):
     regions[r]["size"] = 0
     regions[r]["first"] = NO_HANDLE
     regions[r]["last"] = NO_HANDLE
+    regions[r]["last_piece"] = 0  # an unused row's: a kernel's UNKNOWN_PIECE mark ends here
     regions[r]["bin"] = NO_HANDLE
     return size
 
@@ -596,6 +597,7 @@ def join_regions(chunks, bins, regions, state, ra, rb):
     regions[rb]["first"] = NO_HANDLE
     regions[rb]["last"] = NO_HANDLE
     regions[rb]["bin"] = NO_HANDLE
+    regions[rb]["last_piece"] = 0
     state[S_NUM_REGIONS] -= 1
     if chunks[h]["allocation_id"] == -1 and chunks[h]["bin"] != NO_HANDLE:
         remove_free(chunks, bins, h)
