@@ -53,12 +53,33 @@ def pattern(seed: int, n: int) -> np.ndarray:
     return ((seed * 2654435761 + np.arange(n, dtype=np.int64)) & 0xFFFFFFFF).astype(np.uint32)
 
 
+def _fill_kernel(cuda):
+    @cuda.jit
+    def fill(a, s):
+        i = cuda.grid(1)
+        if i < a.size:
+            a[i] = (s * 2654435761 + i) & 0xFFFFFFFF  # int64 arithmetic, then wrap
+
+    return fill
+
+
+def _spin_kernel(cuda):
+    @cuda.jit
+    def spin(n):
+        for _ in range(n):
+            cuda.nanosleep(1000000)  # 1 ms at most per call
+
+    return spin
+
+
+_KERNEL_BUILDERS = {"fill": _fill_kernel, "spin": _spin_kernel}
 #: Kernels compiled for the current context, by name; ``close_cuda`` empties it.
 _kernels: dict = {}
 
 
 def _kernel(name: str):
-    """The test kernel ``name``, compiled for the current context.
+    """The test kernel ``name`` (``"fill"`` or ``"spin"``), compiled for the
+    current context.
 
     numba-cuda keeps a compiled kernel's function per device, not per context, so
     one compiled before ``cuda.close()`` launches a function of an unloaded module
@@ -67,19 +88,7 @@ def _kernel(name: str):
     if name not in _kernels:
         from numba import cuda
 
-        if name == "fill":
-            @cuda.jit
-            def kernel(a, s):
-                i = cuda.grid(1)
-                if i < a.size:
-                    a[i] = (s * 2654435761 + i) & 0xFFFFFFFF  # int64 arithmetic, then wrap
-        else:
-            @cuda.jit
-            def kernel(n):
-                for _ in range(n):
-                    cuda.nanosleep(1000000)  # 1 ms at most per call
-
-        _kernels[name] = kernel
+        _kernels[name] = _KERNEL_BUILDERS[name](cuda)
     return _kernels[name]
 
 
@@ -87,10 +96,11 @@ def warm_kernels() -> None:
     """Compile the test kernels for the current context and launch each once.
 
     A kernel's first launch loads it, and CUDA's lazy loading may synchronize the
-    context to do so: on an H100 the first launch of the fill kernel on one stream
-    waited for ``slow_fill``'s sleep on another, which hid the hazard that the
-    stream-safety tests build. Launched here, before a test queues any work, the
-    kernels are loaded. Allocates nothing from the pool (an empty array).
+    context to do so: the likely reason why, on an H100, the fill kernel's first
+    launch on one stream came after ``slow_fill``'s sleep on another and hid the
+    hazard that the stream-safety tests build. Launched here, before a test
+    queues any work, the kernels are loaded. Allocates nothing from the pool (an
+    empty array).
     """
     if not KERNELS:
         return
