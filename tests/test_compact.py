@@ -166,6 +166,38 @@ def test_non_contiguous_backend_gets_separate_exact_regions():
     assert a.regions() == [] and a.backend.bytes_held == 0
 
 
+def _top_of(a, space):
+    """``(end, free tail bytes)`` of ``space``'s highest region, from the tables."""
+    regions = a.tables["regions"]
+    live = [r for r in range(len(regions))
+            if regions[r]["size"] > 0 and regions[r]["bin"] == space]
+    if not live:
+        return 0, 0
+    top = max(live, key=lambda r: int(regions[r]["base"] + regions[r]["size"]))
+    end = int(regions[top]["base"] + regions[top]["size"])
+    return end, end - a._tail_start(int(regions[top]["base"]), end)
+
+
+def test_the_top_of_a_space_is_found_past_region_rows_given_back():
+    # The kernels' pass over the region table stops at its last live row
+    # (state[S_NUM_REGIONS] of them): rows given back before it must not end it.
+    a = make(contiguous=False, small=64 * KiB)
+    big = [a.allocate_raw(100_000) for _ in range(4)]  # four separate regions
+    small = a.allocate_raw(1000)  # the small space's region, after them
+    for p in big[:3]:
+        a.deallocate_raw(p)
+    a.deallocate_free_regions()  # rows 0-2 go; the last large and the small stay
+    regions = a.tables["regions"]
+    assert (regions["size"][:3] == 0).all() and (regions["size"] > 0).sum() == 2
+    for space in (0, 1):
+        assert a._top_tail(space) == _top_of(a, space) != (0, 0)
+    a.deallocate_raw(big[3])
+    a.deallocate_raw(small)
+    a.empty_cache()
+    assert a._top_tail(0) == a._top_tail(1) == (0, 0)
+    check_invariants(a)
+
+
 @pytest.mark.parametrize("bad, exc", [(-1, ValueError), (1.5, TypeError), ("8", TypeError),
                                       (1 << 63, OutOfMemoryError)])
 def test_bad_sizes_raise_and_change_nothing(bad, exc):

@@ -130,6 +130,14 @@ def take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignm
 
 
 @njit(cache=True, inline="always")
+def free_bytes(state):
+    """Bytes of the pool in no allocation: the sum of the free chunks' sizes,
+    so no free chunk is larger (BFC's and compact's counters; the invariant
+    checker holds them to the tables)."""
+    return state[S_POOL_BYTES] - state[S_BYTES_IN_USE]
+
+
+@njit(cache=True, inline="always")
 def allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, alignment,
                        freed_before, first_bin, stop_bin):
     """Serve ``num_bytes`` (``rounded`` after rounding, ``alignment`` at least the
@@ -138,6 +146,8 @@ def allocate_from_bins(chunks, bins, regions, pmap, state, num_bytes, rounded, a
     Returns the address (> 0), ``NOT_FOUND`` or ``NEED_ROWS``; on either code
     nothing has changed.
     """
+    if free_bytes(state) < rounded:
+        return NOT_FOUND  # no chunk can hold it: no pass over the bins (growth, failures)
     if not room_for_operation(pmap, state):
         return NEED_ROWS
     h = find_fit(chunks, bins, state, rounded, alignment, freed_before, first_bin, stop_bin)

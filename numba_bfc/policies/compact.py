@@ -70,7 +70,7 @@ from ..kernels.lease import (
     lease_next,
     lease_take,
 )
-from .bfc import UNTAGGED, allocate_from_bins, free_and_coalesce
+from .bfc import UNTAGGED, allocate_from_bins, free_and_coalesce, free_bytes
 
 S_RELEASE_THRESHOLD = STATE_SIZE  # free tail bytes that trigger a release (0: never)
 S_RELEASE_DUE = STATE_SIZE + 1  # region row + 1 whose tail is due, 0 if none
@@ -249,11 +249,11 @@ def fails_for_certain(chunks, bins, regions, state, space, rounded, need):
     page = state[S_QUIET_PAGE]
     if page == 0 or state[S_PUNCHED] != 0:
         return False
-    end, tail = top_region_tail(chunks, regions, space)
+    end, tail = top_region_tail(chunks, regions, state, space)
     quantum = state[S_QUANTA + space] if end != 0 else state[S_PAGE_SIZE]
     if round_up(max(need - tail, 1), quantum) <= state[S_LEASE_LIMIT] - state[S_POOL_BYTES]:
         return False  # the growth may succeed
-    return largest_free_chunk(chunks, bins) < page
+    return free_bytes(state) < page or largest_free_chunk(chunks, bins) < page
 
 
 @inner
@@ -310,7 +310,7 @@ def growth_at_top(chunks, regions, state, space, need):
     first region, placed by the lease's arithmetic); bytes ``_INT64_MAX``
     where the pages the top lacks are over the limit, ptr -1 where the façade
     must decide."""
-    end, tail = top_region_tail(chunks, regions, space)
+    end, tail = top_region_tail(chunks, regions, state, space)
     pool = state[S_POOL_BYTES]
     room = state[S_LEASE_LIMIT] - pool
     if end != 0:  # pages mapped at the top (alloc_at; grow_at adds the headroom)
@@ -533,7 +533,7 @@ def lease_release(chunks, bins, regions, state, rounded):
             if state[first + 3 * k] == space:
                 released -= state[first + 3 * k + 2]
         if released > 0 and state[at + LEASE_ROOM] >= 0:  # room -1: no lease
-            end, _ = top_region_tail(chunks, regions, space)
+            end, _ = top_region_tail(chunks, regions, state, space)
             lease_fall_back(state, at, end, released)
     state[S_PUNCHED] = 1
     return RELEASED
@@ -552,15 +552,20 @@ def tail_release_due(chunks, regions, state, r):
 
 
 @inner
-def top_region_tail(chunks, regions, space):
+def top_region_tail(chunks, regions, state, space):
     """``(end, free tail bytes)`` of the region of ``space`` that ends highest;
     ``(0, 0)`` if the space has none. Growth on a contiguous backend extends
     that region."""
     best = np.int64(NO_HANDLE)
     end = 0
+    unseen = state[S_NUM_REGIONS]  # live rows: the pass stops at the last
     for r in range(regions.shape[0]):
-        if (regions[r]["size"] > 0 and regions[r]["bin"] == space
-                and regions[r]["base"] + regions[r]["size"] > end):
+        if unseen == 0:
+            break
+        if regions[r]["size"] <= 0:
+            continue
+        unseen -= 1
+        if regions[r]["bin"] == space and regions[r]["base"] + regions[r]["size"] > end:
             best = r
             end = regions[r]["base"] + regions[r]["size"]
     if best < 0:
@@ -677,5 +682,5 @@ def compact_deallocate_op(state, ptr, locked):
 @operation
 def top_region_tail_op(state, space):
     """``top_region_tail`` on the recorded tables (under the lock)."""
-    chunks, _, regions, _, _, _ = table_views(state)
-    return top_region_tail(chunks, regions, space)
+    chunks, _, regions, _, _, st = table_views(state)
+    return top_region_tail(chunks, regions, st, space)
