@@ -15,7 +15,10 @@ policy on the same traces and limits, a failed allocation, ``min_limit``,
 allocate+free pairs through the API, and cold and warm starts in fresh
 processes (with ``--before``, every policy's replays and those last four on
 the earlier code too, side by side, in turns, the least of ``--rounds``
-processes each). ``--write`` replaces the text between the page's
+processes each). ``--passes N`` measures all of it N times, one pass after
+another, and keeps each figure's least: a busy spell of the machine lasts
+minutes, and spoils one pass's figures instead of the report's. ``--write``
+replaces the text between the page's
 ``<!-- speed-report:begin -->`` and ``<!-- speed-report:end -->`` markers;
 without it the section is printed.
 """
@@ -38,12 +41,28 @@ BEGIN, END = "<!-- speed-report:begin -->", "<!-- speed-report:end -->"
 MiB = 1 << 20
 LIMITS = (("80 GiB", None), ("1.25x peak live", 1.25))
 
+# Every measurement's least figures over the passes so far (``--passes``).
+_least_so_far: dict[tuple, list[float]] = {}
+
+
+def _least(key: tuple, figures: list[float]) -> list[float]:
+    """``figures``, each the least of it and what the same measurement (``key``)
+    gave in the earlier passes."""
+    old = _least_so_far.get(key)
+    if old is not None:
+        figures = [min(a, b) for a, b in zip(old, figures)]
+    _least_so_far[key] = figures
+    return figures
+
+
+_peer_rows_so_far: dict[tuple, dict] = {}  # peer_rows' merged rows, over the passes
+
 
 def peer_rows(peers: str, factor: float | None, repeat: int, rounds: int = 1) -> list[dict]:
     """``compare.py``'s JSON rows for every bundled trace at one limit; with
-    ``rounds`` runs, each side's least time of them (and identical only if
-    identical in every run)."""
-    merged: dict[tuple[str, str], dict] = {}
+    ``rounds`` runs (and those of earlier passes), each side's least time of
+    them (and identical only if identical in every run)."""
+    merged: dict[tuple[str, str], dict] = _peer_rows_so_far.setdefault((factor, repeat), {})
     for _ in range(rounds):
         for row in _compare_once(peers, factor, repeat):
             key = (row["trace"], row["policy"])
@@ -107,7 +126,8 @@ def replay_section(peers: str | None, repeat: int, rounds: int) -> list[str]:
                 ratios["bfc"].append(bns / tf)
                 ratios["caching"].append(cans / tt)
             else:
-                bns = replay(trace, "bfc", limit=limit).seconds / len(trace) * 1e9
+                bns = _least(("bfc replay", name, factor),
+                             [replay(trace, "bfc", limit=limit).seconds / len(trace) * 1e9])[0]
                 row = f"| {name} | {len(trace)} | - / - / {cooms} |"
             ratios["compact"].append(cns / bns)
             lines.append(row + f" {cns:.0f} | {cns / bns:.2f} |")
@@ -127,7 +147,8 @@ def _peer_warm(peers: str, binary: str, path: str, repeat: int) -> float:
     out = subprocess.run([os.path.join(peers, "bin", binary), "--repeat", str(repeat),
                           "--limit", str(80 << 30), path], capture_output=True, text=True,
                          check=True).stdout
-    return float(json.loads(out.splitlines()[-1])["warm_ns_per_event"])
+    ns = float(json.loads(out.splitlines()[-1])["warm_ns_per_event"])
+    return _least(("peer warm", binary, path, repeat), [ns])[0]
 
 
 def _own_warm(name: str, policy: str, repeat: int) -> float:
@@ -136,7 +157,8 @@ def _own_warm(name: str, policy: str, repeat: int) -> float:
     trace = load_bundled(name)
     allocator = make_allocator(policy)
     replay(trace, allocator)
-    return min(replay(trace, allocator).seconds for _ in range(repeat)) / len(trace) * 1e9
+    ns = min(replay(trace, allocator).seconds for _ in range(repeat)) / len(trace) * 1e9
+    return _least(("own warm", name, policy, repeat), [ns])[0]
 
 
 def warm_section(peers: str, repeat: int) -> list[str]:
@@ -215,14 +237,15 @@ def _interleaved(code: str, args, trees, rounds: int) -> dict[str, list[float]]:
     ``rounds`` fresh processes each, the trees taking turns (and turns at
     going first), so that a slow spell of the machine (it moves figures by up
     to 2x from process to process here) is not read as a difference between
-    them."""
+    them; and the least of the earlier passes' too."""
     best: dict[str, list[float]] = {}
     for r in range(rounds):
         for label, tree in trees if r % 2 == 0 else trees[::-1]:  # neither always first
             figures = [float(x) for x in _python(code, args, tree)]
             old = best.get(label, figures)
             best[label] = [min(a, b) for a, b in zip(old, figures)]
-    return best
+    return {label: _least((code, tuple(args), label), figures)
+            for label, figures in best.items()}
 
 
 def _trees(before: str | None) -> list[tuple[str, str | None]]:
@@ -377,7 +400,7 @@ def start_section(before: str | None, rounds: int) -> list[str]:
                 old = best.get(label, (imported, cold, warm))
                 best[label] = (min(old[0], imported), min(old[1], cold), min(old[2], warm))
         for label, _ in trees:
-            imported, cold, warm = best[label]
+            imported, cold, warm = _least(("start", what, label), list(best[label]))
             lines.append(f"| {what} | {label} | {imported:.2f} | {cold:.2f} | {warm:.2f} |")
     lines.append("")
     return lines
@@ -390,12 +413,18 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3,
                     help="fresh processes per figure measured in one (default 3): the least "
                          "is kept")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="measure the whole report N times, one pass after another, and keep "
+                         "each figure's least (default 1): a busy spell of the machine, "
+                         "which lasts minutes, then spoils one pass's figures, not the report")
     ap.add_argument("--write", metavar="PAGE",
                     help="replace the marked section of this file (docs/performance.md)")
     ap.add_argument("--before", metavar="TREE",
                     help="a checkout of earlier code: replays, failures, min_limit, pairs and "
                          "start-up are also measured on it, side by side")
     args = ap.parse_args(argv)
+    if args.passes < 1 or args.rounds < 1 or args.repeat < 1:
+        ap.error("--passes, --rounds and --repeat must be at least 1")
     cpu = platform.processor() or platform.machine()
     before = ""
     if args.before:
@@ -406,17 +435,23 @@ def main(argv=None) -> int:
              f"Generated by `python benchmarks/speed_report.py"
              f"{' --peers PEERS' if args.peers else ''}"
              f"{' --before TREE' if args.before else ''} --repeat {args.repeat} --rounds "
-             f"{args.rounds} --write {args.write or 'PAGE'}` on "
+             f"{args.rounds}{f' --passes {args.passes}' if args.passes > 1 else ''} --write "
+             f"{args.write or 'PAGE'}` on "
              f"{time.strftime('%Y-%m-%d')}: {os.cpu_count()} cores ({cpu}), Python "
              f"{platform.python_version()}, one run, nothing else running. Every figure of a "
-             f"table comes from the same run.{before}", ""]
-    lines += replay_section(args.peers, args.repeat, args.rounds)
-    lines += before_section(args.before, args.repeat, args.rounds)
-    if args.peers:
-        lines += warm_section(args.peers, args.repeat)
-    lines += oom_section(args.before, args.rounds)
-    lines += pair_section(args.before, args.rounds)
-    lines += start_section(args.before, args.rounds)
+             f"table comes from the same run.{before}"
+             + (f" The run measured everything {args.passes} times, one pass after another, "
+                "and each figure is the least of its passes (the processes a table names, in "
+                "each pass)." if args.passes > 1 else ""), ""]
+    for _ in range(args.passes):  # the last pass's text has every figure's least
+        body = replay_section(args.peers, args.repeat, args.rounds)
+        body += before_section(args.before, args.repeat, args.rounds)
+        if args.peers:
+            body += warm_section(args.peers, args.repeat)
+        body += oom_section(args.before, args.rounds)
+        body += pair_section(args.before, args.rounds)
+        body += start_section(args.before, args.rounds)
+    lines += body
     lines.append(END)
     text = "\n".join(lines)
     if not args.write:
