@@ -3,6 +3,7 @@ growth and give-back rules, errors, real host memory, and the replay/min-limit
 machinery that measures it."""
 
 import contextlib
+import gc
 
 import numpy as np
 import pytest
@@ -929,3 +930,48 @@ def test_a_call_that_re_enters_during_a_batch_settles_the_leases_first():
     spans = sorted(list(live.values()) + [(p, 3 * MiB + 1000) for p in a.held])
     assert all(p + n <= q for (p, n), (q, _) in zip(spans, spans[1:]))
     check_invariants(a)
+
+
+def test_no_finalizer_reads_the_pieces_half_played(monkeypatch):
+    """The record of backend pieces plays the kernels' logs when next read
+    (``_play_unplayed``), having emptied their queue: a finalizer that a
+    garbage collection ran in the middle, and that read the record, would see
+    it half played. No collection runs there."""
+    trace = load_bundled("cnn_train")
+    limit = int(1.25 * int(trace.live_bytes().max()))
+
+    def replayed():
+        a = POLICIES["compact"](limit, None)
+        replay(trace, a, engine="kernel")
+        return a
+
+    expected = dict(replayed()._pieces)
+    a = replayed()
+    assert any(min(sizes) < 0 for _, _, sizes in a._unplayed)  # a log that gave pages back
+    seen = []
+
+    class Reader:  # garbage in a cycle: only a collection finalizes it
+        def __init__(self):
+            self.cycle = self
+
+        def __del__(self):
+            seen.append(dict(a._pieces))
+
+    play_on_map = a._play_on_map
+
+    def play_after_garbage(*args):
+        Reader()
+        kept = [[] for _ in range(1000)]  # enough new containers for a collection to run
+        assert len(kept) == 1000
+        return play_on_map(*args)
+
+    monkeypatch.setattr(a, "_play_on_map", play_after_garbage)
+    thresholds = gc.get_threshold()
+    gc.set_threshold(10)
+    try:
+        pieces = dict(a._pieces)
+    finally:
+        gc.set_threshold(*thresholds)
+    gc.collect()
+    assert pieces == expected
+    assert seen and all(s == expected for s in seen)

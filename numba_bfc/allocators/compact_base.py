@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import gc
 import itertools
 import math
 from collections.abc import Sequence
@@ -107,7 +108,18 @@ class CompactGrowth:
         return self._piece_map
 
     def _play_unplayed(self) -> None:
-        """Play the logs ``_log_pieces`` kept, in order, on the map."""
+        """Play the logs ``_log_pieces`` kept, in order, on the map. No garbage
+        collection runs meanwhile: a finalizer it ran could call the allocator
+        and read the map half played (the queue is already empty)."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._play_queue()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _play_queue(self) -> None:
         unplayed, self._unplayed = self._unplayed, []
         pieces = self._piece_map
         gave_back = False
