@@ -289,14 +289,28 @@ def test_current_allocator_follows_numba_current_context(monkeypatch):
         current_allocator()
 
 
+def _cupy_sees(monkeypatch, primary, current=None):
+    """CuPy on device 0, whose primary context is ``primary``; Numba's current
+    context is ``current`` (``primary`` if None). Counts current_context() calls."""
+    calls = []
+
+    def current_context(devnum=None):
+        calls.append(devnum)
+        return primary if current is None else current
+
+    monkeypatch.setattr(cuda, "current_context", current_context)
+    monkeypatch.setattr(cuda, "gpus", [types.SimpleNamespace(get_primary_context=lambda: primary)])
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy())
+    return calls
+
+
 def test_cupy_allocator_draws_from_the_numba_pool(monkeypatch):
     from numba_bfc.integrations.cupy import cupy_allocator
 
     mgr = make_manager()
     ctx = mgr.context
     ctx.memory_manager = mgr
-    monkeypatch.setattr(cuda, "current_context", lambda devnum=None: ctx)
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy())
+    _cupy_sees(monkeypatch, ctx)
     numba_block = mgr.memalloc(4096)
     cp_ptr = cupy_allocator(10000)
     assert cp_ptr.mem.device_id == 0 and cp_ptr.mem.size == 10000
@@ -304,7 +318,53 @@ def test_cupy_allocator_draws_from_the_numba_pool(monkeypatch):
     assert mgr.allocator.get_stats().bytes_in_use == 4096 + 10240
     del cp_ptr  # CuPy dropping its memory returns the block to the shared pool
     assert mgr.allocator.get_stats().bytes_in_use == 4096
-    del numba_block
+    empty = cupy_allocator(0)
+    assert empty.ptr == 0 and empty.mem.size == 0
+    del empty, numba_block
+    assert mgr.allocator.get_stats().bytes_in_use == 0
+
+
+def test_cupy_allocator_checks_each_new_context_once(monkeypatch):
+    """Numba's current_context() (microseconds on a GPU) runs at a context's first
+    CuPy allocation only; a new primary context (after cuda.close()) is checked again."""
+    from numba_bfc.integrations.cupy import cupy_allocator
+
+    first = make_manager()
+    first.context.memory_manager = first
+    calls = _cupy_sees(monkeypatch, first.context)
+    blocks = [cupy_allocator(4096) for _ in range(3)]
+    assert len(calls) == 1
+    assert first.allocator.get_stats().bytes_in_use == 3 * 4096
+
+    second = make_manager()
+    second.context.memory_manager = second
+    calls = _cupy_sees(monkeypatch, second.context)
+    blocks += [cupy_allocator(4096) for _ in range(2)]
+    assert len(calls) == 1
+    assert second.allocator.get_stats().bytes_in_use == 2 * 4096
+    assert first.allocator.get_stats().bytes_in_use == 3 * 4096
+    del blocks
+    assert first.allocator.get_stats().bytes_in_use == 0
+    assert second.allocator.get_stats().bytes_in_use == 0
+
+
+def test_cupy_allocator_refuses_another_manager_or_device(monkeypatch):
+    from numba_bfc.integrations.cupy import cupy_allocator
+
+    foreign = FakeContext(memory_manager=object())
+    _cupy_sees(monkeypatch, foreign)
+    with pytest.raises(RuntimeError, match="use_numba_bfc"):
+        cupy_allocator(4096)
+    with pytest.raises(RuntimeError, match="use_numba_bfc"):  # still refused: not cached
+        cupy_allocator(4096)
+
+    ours = make_manager()
+    ours.context.memory_manager = ours
+    other_device = FakeContext()
+    _cupy_sees(monkeypatch, other_device, current=ours.context)
+    with pytest.raises(RuntimeError, match="current device is 0 but Numba's current context"):
+        cupy_allocator(4096)
+    assert ours.allocator.get_stats().bytes_in_use == 0
 
 
 def test_cupy_allocator_without_cupy_says_so(monkeypatch):

@@ -6,20 +6,26 @@ Usage (GPU only)::
     numba_bfc.use_numba_bfc()
     cupy.cuda.set_allocator(numba_bfc.cupy_allocator)
 
-Each CuPy allocation is a ``memalloc`` on the numba_bfc memory manager of
-Numba's CUDA context for CuPy's current device; the returned memory owns the
-Numba ``MemoryPointer``, so when CuPy drops the memory the block goes through
-the same queue of pending frees as Numba's arrays. With the default
-``stream_safety="events"`` it returns to the pool after the work queued on the
-legacy default stream and on every blocking stream before the free; when
-CuPy's current stream at allocation is a non-blocking one
-(``cupy.cuda.Stream(non_blocking=True)``), the block also waits for that
-stream, as ``numba_bfc.record_stream`` would make it (PyTorch ties a block to
-its allocation stream the same way).
+Each CuPy allocation is a block from the numba_bfc memory manager of Numba's
+primary context for CuPy's current device; the returned memory owns the
+block, so when CuPy drops the memory the block goes through the same queue of
+pending frees as Numba's arrays. With the default ``stream_safety="events"``
+it returns to the pool after the work queued on the legacy default stream and
+on every blocking stream before the free; when CuPy's current stream at
+allocation is a non-blocking one (``cupy.cuda.Stream(non_blocking=True)``),
+the block also waits for that stream, as ``numba_bfc.record_stream`` would
+make it (PyTorch ties a block to its allocation stream the same way).
+
+The first allocation in a context checks it through Numba's
+``current_context()`` (about 6 us on an H100 machine); later ones only look up
+the device's primary context, and a new context (after ``cuda.close()``) is
+checked again.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["cupy_allocator"]
@@ -35,6 +41,52 @@ def _cupy() -> Any:
     return cupy
 
 
+class _PoolBlock:
+    """Owns one pool block for CuPy: dropped, it queues the block's free.
+
+    Lighter than a Numba ``MemoryPointer`` (no ``weakref.finalize``, no driver
+    pointer object), which CuPy would only keep alive.
+    """
+
+    __slots__ = ("_release",)
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release = release
+
+    def __del__(self) -> None:
+        self._release()
+
+
+def _never_checked() -> None:
+    return None
+
+
+# A weak reference to the last context found to be Numba's current one with a
+# numba_bfc manager, for CuPy's device at the time.
+_checked_context: Callable[[], Any] = _never_checked
+
+
+def _manager_for(device_id: int) -> Any:
+    """The numba_bfc manager of the primary context of ``device_id``."""
+    global _checked_context
+    from numba import cuda
+
+    ctx = cuda.gpus[device_id].get_primary_context()
+    if _checked_context() is not ctx:
+        from .numba_emm import current_manager
+
+        # CuPy's runtime calls make the device's primary context current, and
+        # Numba's current_context() adopts the active primary context.
+        mgr = current_manager()
+        if mgr.context is not ctx:
+            raise RuntimeError(
+                f"numba_bfc.cupy_allocator: CuPy's current device is {device_id} but Numba's "
+                f"current context is on device {int(mgr.context.device.id)}; select the same "
+                "device in both")
+        _checked_context = weakref.ref(ctx)
+    return ctx.memory_manager
+
+
 def cupy_allocator(nbytes: int) -> Any:
     """Allocate ``nbytes`` for CuPy from numba_bfc's pool (for ``cupy.cuda.set_allocator``).
 
@@ -45,35 +97,30 @@ def cupy_allocator(nbytes: int) -> Any:
     Returns
     -------
     cupy.cuda.MemoryPointer
-        Over ``cupy.cuda.UnownedMemory`` whose owner is the Numba
-        ``MemoryPointer``: the block returns to the pool when CuPy frees it.
+        Over ``cupy.cuda.UnownedMemory`` whose owner holds the block: the
+        block returns to the pool when CuPy frees the memory.
 
     Raises
     ------
     RuntimeError
         Numba's context for CuPy's current device is not managed by numba_bfc
-        (call ``numba_bfc.use_numba_bfc()`` before the first CUDA use).
+        (call ``numba_bfc.use_numba_bfc()`` before the first CUDA use), or
+        Numba's current context is on another device.
     numba_bfc.integrations.numba_emm.CudaOutOfMemoryError
         The pool cannot serve the request.
     """
     cupy = _cupy()
-    from .numba_emm import current_manager
-
     device_id = cupy.cuda.runtime.getDevice()
-    # CuPy's runtime calls make the device's primary context current, and
-    # Numba's current_context() adopts the active primary context.
-    mgr = current_manager()
-    ctx_device = int(mgr.context.device.id)
-    if ctx_device != device_id:
-        raise RuntimeError(
-            f"numba_bfc.cupy_allocator: CuPy's current device is {device_id} but Numba's "
-            f"current context is on device {ctx_device}; select the same device in both")
-    block = mgr.memalloc(nbytes)
-    address = int(block.device_pointer_value or 0)
+    mgr = _manager_for(device_id)
+    address, release = mgr.allocate_block(nbytes)
     stream = cupy.cuda.get_current_stream()
     if address and stream.ptr not in (0, 1, 2) and mgr.stream_safety == "events":
         # Default streams need nothing: the legacy-stream event of every free
         # orders them; record_stream skips other blocking streams too.
-        mgr.record_stream(address, stream)
-    mem = cupy.cuda.UnownedMemory(address, nbytes, block, device_id=device_id)
+        try:
+            mgr.record_stream(address, stream)
+        except BaseException:
+            release()
+            raise
+    mem = cupy.cuda.UnownedMemory(address, nbytes, _PoolBlock(release), device_id=device_id)
     return cupy.cuda.MemoryPointer(mem, 0)

@@ -410,6 +410,37 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         size = int(size)
         if size == 0:
             return MemoryPointer(self._ctx_ref, _device_ptr(0), 0)
+        addr, release = self.allocate_block(size)
+        return MemoryPointer(self._ctx_ref, _device_ptr(addr), size, finalizer=release)
+
+    def allocate_block(self, size: int) -> tuple[int, Callable[[], None]]:
+        """Allocate ``size`` bytes from the pool without a Numba ``MemoryPointer``.
+
+        For libraries that wrap device memory in their own objects (the CuPy
+        allocator does): ``memalloc`` is this plus the pointer object.
+
+        Parameters
+        ----------
+        size : int
+            Bytes; 0 gives address 0 and a release that does nothing.
+
+        Returns
+        -------
+        address : int
+            The block's device address.
+        release : callable
+            Call it exactly once, when nothing uses the block any more: it
+            queues the free as a ``MemoryPointer``'s finalizer would (no lock
+            taken, no Python code of ours run, safe in a finalizer).
+
+        Raises
+        ------
+        CudaOutOfMemoryError
+            The pool and the device cannot serve the request.
+        """
+        size = int(size)
+        if size == 0:
+            return 0, _release_nothing
         with self._lock:
             frees = self._frees
             if frees.entries and not self._defer_depth:
@@ -426,11 +457,10 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
             addr = self._allocate_locked(size)
             frees = self._frees  # the first allocation made it
             frees.live_bytes += size + 511 & ~511
-        # functools.partial of deque.append: the finalizer runs no Python code
+        # functools.partial of deque.append: the release runs no Python code
         # of ours, takes no lock, and keeps neither this manager nor the
         # context alive.
-        return MemoryPointer(self._ctx_ref, _device_ptr(addr), size,
-                             finalizer=functools.partial(frees.entries.append, (addr, size)))
+        return addr, functools.partial(frees.entries.append, (addr, size))
 
     def get_memory_info(self) -> MemoryInfo:
         """``(free, total)``: what this context can still allocate, and the device total.
@@ -794,6 +824,10 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     def _collect_locked(self) -> int:
         gc.collect()  # finalizers only queue, so collecting under our lock is safe
         return self._wait_pending_locked()
+
+
+def _release_nothing() -> None:
+    """The release of an empty block."""
 
 
 def _weak(context: Any) -> Any:
