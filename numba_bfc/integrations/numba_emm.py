@@ -400,18 +400,12 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         -------
         numba.cuda.MemoryPointer
             Owns the block: when it (and every view of it) is collected, the
-            block is queued for return to the pool.
-
-        Raises
-        ------
-        CudaOutOfMemoryError
-            The pool and the device cannot serve the request.
+            block is queued for return to the pool. Raises as ``allocate_block``.
         """
         size = int(size)
-        if size == 0:
-            return MemoryPointer(self._ctx_ref, _device_ptr(0), 0)
         addr, release = self.allocate_block(size)
-        return MemoryPointer(self._ctx_ref, _device_ptr(addr), size, finalizer=release)
+        return MemoryPointer(self._ctx_ref, _device_ptr(addr), size,
+                             finalizer=release if addr else None)
 
     def allocate_block(self, size: int) -> tuple[int, Callable[[], None]]:
         """Allocate ``size`` bytes from the pool without a Numba ``MemoryPointer``.
