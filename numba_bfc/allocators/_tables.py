@@ -16,9 +16,12 @@ held, and every table replacement records the new table's address.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -79,25 +82,77 @@ _FREE_REGION_ROWS = Kernel(free_region_rows_op)
 LOCK_FREE_CALLS = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
+# Automatic garbage collection waits while any allocator's lock is held (a
+# count over every allocator and thread). The lock lets its holder's thread in
+# again, and a collection can run at any Python allocation inside a multi-step
+# operation (a slow path, a release, a table growth, a lease): a finalizer it
+# ran that calls the allocator would find the tables, the backend or the
+# façade's records half changed. Explicit gc.collect() calls still collect.
+_gc_pause_lock = threading.Lock()
+_gc_lock, _gc_unlock = _gc_pause_lock.acquire, _gc_pause_lock.release  # cheaper than ``with``
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
+def pause_gc() -> None:
+    """Stop automatic garbage collection until the matching ``resume_gc``."""
+    global _gc_pauses, _gc_was_enabled
+    _gc_lock()
+    try:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    finally:
+        _gc_unlock()
+
+
+def resume_gc() -> None:
+    """End one ``pause_gc``: the last one restores collection if it was on."""
+    global _gc_pauses
+    _gc_lock()
+    try:
+        _gc_pauses -= 1
+        if _gc_pauses == 0 and _gc_was_enabled:
+            gc.enable()
+    finally:
+        _gc_unlock()
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """``pause_gc`` for the block (for a multi-step change made without the lock)."""
+    pause_gc()
+    try:
+        yield
+    finally:
+        resume_gc()
+
+
 class TableLock:
-    """A reentrant lock that marks the tables busy while held.
+    """A reentrant lock that marks the tables busy while held, with automatic
+    garbage collection paused (``pause_gc``).
 
     ``state[S_LOCK_DEPTH]`` counts the holder's nesting, so lock-free kernel
     calls from other threads step aside until it is released. Supports
     ``with``, ``acquire`` and ``release`` like ``threading.RLock``.
     """
 
-    __slots__ = ("_lock", "_state", "rest_depth")
+    __slots__ = ("_lock", "_state", "rest_depth", "_held")
 
     def __init__(self, state: np.ndarray) -> None:
         self._lock = threading.RLock()
         self._state = state
         self.rest_depth = 0 if LOCK_FREE_CALLS else 1  # the depth while nobody holds it
+        self._held = 0  # the holder's nesting (only the holder changes it)
         state[L.S_LOCK_DEPTH] = self.rest_depth
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         if not self._lock.acquire(blocking, timeout):
             return False
+        if self._held == 0:
+            pause_gc()
+        self._held += 1
         self._state[L.S_LOCK_DEPTH] += 1
         return True
 
@@ -105,6 +160,9 @@ class TableLock:
 
     def release(self) -> None:
         self._state[L.S_LOCK_DEPTH] -= 1
+        self._held -= 1
+        if self._held == 0:
+            resume_gc()
         self._lock.release()
 
     def __exit__(self, *exc) -> None:

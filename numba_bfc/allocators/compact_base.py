@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import gc
 import itertools
 import math
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from sortedcontainers import SortedDict
 from ..backends.ranges import play_log_on_map
 from ..policies.compact import GROWTH_FRACTION, GROWTH_PAGES, LARGE_SPACE, SMALL_SPACE
 from ._options import resolve_compact_options
+from ._tables import gc_paused
 from .bfc_base import MIN_ALLOCATION
 
 #: Kernel logs the record of backend pieces keeps unplayed at most (a replay at
@@ -109,15 +109,11 @@ class CompactGrowth:
 
     def _play_unplayed(self) -> None:
         """Play the logs ``_log_pieces`` kept, in order, on the map. No garbage
-        collection runs meanwhile: a finalizer it ran could call the allocator
-        and read the map half played (the queue is already empty)."""
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        collection runs meanwhile, also where the map is read without the
+        lock: a finalizer it ran could call the allocator and read the map
+        half played (the queue is already empty)."""
+        with gc_paused():
             self._play_queue()
-        finally:
-            if collecting:
-                gc.enable()
 
     def _play_queue(self) -> None:
         unplayed, self._unplayed = self._unplayed, []

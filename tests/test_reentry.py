@@ -1,0 +1,265 @@
+"""A finalizer that calls an allocator in the middle of one of its operations.
+
+The allocators' lock lets its holder's thread in again, and a garbage
+collection can run at any Python allocation inside a multi-step operation (a
+release, a growth, a table growth). A finalizer it ran that allocated or freed
+found the tables, the backend or the façade's records half changed: blocks in
+released regions, a pool past its limit, one address handed out twice, a
+corrupted heap. Automatic collection now waits while an allocator's lock is
+held (``allocators._tables.pause_gc``), so such a finalizer runs after the
+operation, as if called after it. Each test leaves garbage whose finalizer
+calls the allocator inside one such window, makes a collection due there, and
+compares the outcome with the same two calls made one after the other.
+"""
+
+import gc
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from numba_bfc import BFCAllocator, CachingAllocator, CompactAllocator
+from numba_bfc.allocators._tables import pause_gc, resume_gc
+from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.testing.invariants import check_invariants
+
+KiB, MiB = 1 << 10, 1 << 20
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def eager_collection():
+    """Automatic collection on, after every few container allocations."""
+    thresholds, enabled = gc.get_threshold(), gc.isenabled()
+    gc.collect()
+    gc.enable()
+    gc.set_threshold(10)
+    yield
+    gc.set_threshold(*thresholds)
+    if not enabled:
+        gc.disable()
+
+
+def finalizer_inside(monkeypatch, owner, name, action):
+    """Make ``owner.name``'s first call leave garbage whose finalizer runs
+    ``action()`` and allocate enough containers for a collection to be due,
+    then go on. Returns the list the finalizer appends its result to."""
+    results = []
+    original = getattr(owner, name)
+
+    class Garbage:  # in a cycle: only a collection finalizes it
+        def __init__(self):
+            self.cycle = self
+
+        def __del__(self):
+            try:
+                results.append(action())
+            except Exception as e:  # what a finalizer would print and drop
+                results.append(e)
+
+    def first_call_leaves_garbage(*args, **kwargs):
+        if not hasattr(first_call_leaves_garbage, "fired"):
+            first_call_leaves_garbage.fired = True
+            Garbage()
+            churn = [[] for _ in range(1000)]
+            del churn
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, first_call_leaves_garbage)
+    return results
+
+
+def observed(a, extra=()):
+    check_invariants(a)
+    s = a.get_stats()
+    return (s.bytes_in_use, s.bytes_reserved, a.regions(), *extra)
+
+
+def _bfc_two_free_regions():
+    backend = VirtualSubAllocator()
+    a = BFCAllocator(backend, memory_limit=64 * MiB)
+    p, q = a.allocate_raw(1 * MiB), a.allocate_raw(3 * MiB)  # regions of 2 and 4 MiB
+    a.deallocate_raw(p)
+    a.deallocate_raw(q)
+    return a, backend
+
+
+def test_bfc_release_of_free_regions(monkeypatch):
+    """A block allocated by a finalizer during ``deallocate_free_regions`` is
+    not in a region the release then takes away."""
+    a, _ = _bfc_two_free_regions()
+    released = a.deallocate_free_regions(0)
+    expected = observed(a, (released, a.allocate_raw(1000)))
+
+    a, backend = _bfc_two_free_regions()
+    results = finalizer_inside(monkeypatch, backend, "free", lambda: a.allocate_raw(1000))
+    released = a.deallocate_free_regions(0)
+    assert results == []  # the collection waited for the operation
+    gc.collect()
+    assert observed(a, (released, *results)) == expected
+
+
+def test_bfc_growth_stays_within_the_limit(monkeypatch):
+    """A finalizer that allocates while ``_extend`` asks the backend for a
+    region does not take the pool past the memory limit."""
+    def start():
+        backend = VirtualSubAllocator()
+        a = BFCAllocator(backend, memory_limit=8 * MiB)
+        a.allocate_raw(1 * MiB)
+        return a, backend
+
+    a, _ = start()
+    outer = a.allocate_raw(3 * MiB)
+    with pytest.raises(MemoryError):
+        a.allocate_raw(3 * MiB)
+    expected = observed(a, (outer,))
+
+    a, backend = start()
+    results = finalizer_inside(monkeypatch, backend, "alloc", lambda: a.allocate_raw(3 * MiB))
+    outer = a.allocate_raw(3 * MiB)
+    gc.collect()
+    assert len(results) == 1 and isinstance(results[0], MemoryError)
+    assert observed(a, (outer,)) == expected
+
+
+def _caching_two_free_segments():
+    backend = VirtualSubAllocator()
+    a = CachingAllocator(backend)
+    x, y = a.allocate_raw(12 * MiB), a.allocate_raw(14 * MiB)
+    a.deallocate_raw(x)
+    a.deallocate_raw(y)
+    return a, backend
+
+
+def test_caching_empty_cache(monkeypatch):
+    """A block allocated by a finalizer during ``empty_cache`` is not in a
+    segment the release then gives back."""
+    a, _ = _caching_two_free_segments()
+    a.empty_cache()
+    expected = observed(a, (a.allocate_raw(12 * MiB),))
+
+    a, backend = _caching_two_free_segments()
+    results = finalizer_inside(monkeypatch, backend, "free", lambda: a.allocate_raw(12 * MiB))
+    a.empty_cache()
+    gc.collect()
+    assert observed(a, tuple(results)) == expected
+
+
+def test_caching_new_segment_is_not_handed_out_twice(monkeypatch):
+    """A finalizer that allocates between a new segment's creation and its first
+    block being taken does not get the same block as the outer call."""
+    a = CachingAllocator(VirtualSubAllocator())
+    outer = a.allocate_raw(3 * MiB)
+    expected = observed(a, (outer, a.allocate_raw(3 * MiB)))
+
+    a = CachingAllocator(VirtualSubAllocator())
+    results = finalizer_inside(monkeypatch, a, "_add_segment", lambda: a.allocate_raw(3 * MiB))
+    outer = a.allocate_raw(3 * MiB)
+    gc.collect()
+    assert observed(a, (outer, *results)) == expected
+
+
+def test_compact_punch_keeps_live_blocks(monkeypatch):
+    """A block allocated by a finalizer while ``empty_cache`` gives whole free
+    pages back from the middle of a space is not in pages it then unmaps."""
+    def start():
+        backend = VirtualSubAllocator(contiguous=True)
+        a = CompactAllocator(backend, memory_limit=64 * MiB, page_size=64 * KiB)
+        blocks = [a.allocate_raw(n) for n in (1 * MiB, 64 * KiB, 1 * MiB, 64 * KiB)]
+        a.deallocate_raw(blocks[0])
+        a.deallocate_raw(blocks[2])
+        return a, backend
+
+    a, _ = start()
+    released = a.empty_cache()
+    expected = observed(a, (released, a.allocate_raw(1 * MiB)))
+
+    a, backend = start()
+    results = finalizer_inside(monkeypatch, backend, "free", lambda: a.allocate_raw(1 * MiB))
+    released = a.empty_cache()
+    gc.collect()
+    assert observed(a, (released, *results)) == expected
+
+
+def test_a_finalizer_during_a_table_growth():
+    """While a table grows, the state records the old table until the new one is
+    in place: a finalizer's allocation there wrote past the old table's end
+    (the process died of a corrupted heap). In a process of its own."""
+    script = textwrap.dedent("""
+        import gc
+        import numba_bfc.kernels.layout as L
+        from numba_bfc import BFCAllocator, CachingAllocator, CompactAllocator
+        from numba_bfc.backends import VirtualSubAllocator
+        from numba_bfc.testing.invariants import check_invariants
+
+        makers = {
+            "bfc": lambda: BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30),
+            "caching": lambda: CachingAllocator(VirtualSubAllocator()),
+            "compact": lambda: CompactAllocator(VirtualSubAllocator(contiguous=True),
+                                                memory_limit=1 << 30, page_size=1 << 16),
+        }
+        grow_chunks = L.grow_chunks
+        gc.set_threshold(10)
+        for name, make in makers.items():
+            a = make()
+            inner = []
+
+            class Garbage:
+                def __init__(self):
+                    self.cycle = self
+
+                def __del__(self):
+                    inner.append(a.allocate_raw(512))
+
+            def grow_with_garbage(chunks, state):
+                grown = grow_chunks(chunks, state)
+                if not inner:
+                    Garbage()
+                    churn = [[] for _ in range(1000)]
+                return grown
+
+            L.grow_chunks = grow_with_garbage
+            rows = a.tables["chunks"].shape[0]
+            outer = []
+            while a.tables["chunks"].shape[0] == rows:
+                outer.append(a.allocate_raw(512))
+            L.grow_chunks = grow_chunks
+            gc.collect()
+            assert len(inner) == 1 and inner[0] not in outer, name
+            check_invariants(a)
+            assert a.get_stats().bytes_in_use == 512 * (len(outer) + 1), name
+            for p in outer + inner:
+                a.deallocate_raw(p)
+            check_invariants(a)
+            print(name, "ok")
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == ["bfc", "ok", "caching", "ok", "compact", "ok"]
+
+
+def test_collection_pauses_nest_and_restore_what_was_set():
+    """Pauses from several allocators (or threads) nest; the last one restores
+    automatic collection only if it was on when the first began."""
+    assert gc.isenabled()
+    pause_gc()
+    pause_gc()
+    assert not gc.isenabled()
+    resume_gc()
+    assert not gc.isenabled()
+    resume_gc()
+    assert gc.isenabled()
+    gc.disable()
+    pause_gc()
+    resume_gc()
+    assert not gc.isenabled()
+    gc.enable()
+    a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
+    with a._lock:
+        with a._lock:
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
