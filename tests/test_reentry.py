@@ -183,6 +183,22 @@ def test_compact_punch_keeps_live_blocks(monkeypatch):
     assert observed(a, (released, *results)) == expected
 
 
+def test_a_memory_map_is_one_moment(monkeypatch):
+    """``memory_map`` reads the chunks, then the statistics, then the regions: a
+    finalizer's allocation between the reads showed regions 6 MiB in all over
+    chunks of 2 MiB. Now the map is of one moment, and the allocation after it."""
+    a = BFCAllocator(VirtualSubAllocator(), memory_limit=64 * MiB)
+    a.allocate_raw(1 * MiB)
+    results = finalizer_inside(monkeypatch, a, "_stats_locked", lambda: a.allocate_raw(3 * MiB))
+    m = a.memory_map()
+    gc.collect()
+    assert len(results) == 1 and not isinstance(results[0], Exception)
+    assert sum(r["size"] for r in m["regions"]) == sum(c["size"] for c in m["chunks"])
+    assert m["stats"]["bytes_reserved"] == sum(r["size"] for r in m["regions"]) == 2 * MiB
+    assert m["stats"]["bytes_in_use"] == sum(c["size"] for c in m["chunks"] if c["in_use"])
+    check_invariants(a)
+
+
 def test_a_finalizer_during_a_table_growth():
     """While a table grows, the state records the old table until the new one is
     in place: a finalizer's allocation there wrote past the old table's end
