@@ -161,6 +161,47 @@ def test_caching_new_segment_is_not_handed_out_twice(monkeypatch):
     assert observed(a, (outer, *results)) == expected
 
 
+def test_caching_batch_records_its_leased_segments_first(monkeypatch):
+    """A finalizer that allocates while a batch hands the segments it placed
+    under its address lease to the backend does not get one of their addresses."""
+    a = CachingAllocator(VirtualSubAllocator())
+    batch = a.run_batch([0], [0], [3 * MiB]).tolist()
+    expected = observed(a, (batch, a.allocate_raw(30 * MiB)))
+
+    backend = VirtualSubAllocator()
+    a = CachingAllocator(backend)
+    results = finalizer_inside(monkeypatch, backend, "record_leased",
+                               lambda: a.allocate_raw(30 * MiB))
+    batch = a.run_batch([0], [0], [3 * MiB]).tolist()
+    gc.collect()
+    assert observed(a, (batch, *results)) == expected
+
+
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_compact_growth_stays_within_the_limit(monkeypatch, contiguous):
+    """A finalizer that allocates while compact asks the backend for pages does
+    not take the pool past the limit, nor map over the pages being mapped."""
+    def start():
+        backend = VirtualSubAllocator(contiguous=contiguous)
+        a = CompactAllocator(backend, memory_limit=8 * MiB, page_size=64 * KiB)
+        a.allocate_raw(1 * MiB)
+        return a, backend
+
+    a, _ = start()
+    outer = a.allocate_raw(5 * MiB)
+    with pytest.raises(MemoryError):
+        a.allocate_raw(5 * MiB)
+    expected = observed(a, (outer,))
+
+    a, backend = start()
+    results = finalizer_inside(monkeypatch, backend, "alloc_at" if contiguous else "alloc",
+                               lambda: a.allocate_raw(5 * MiB))
+    outer = a.allocate_raw(5 * MiB)
+    gc.collect()
+    assert len(results) == 1 and isinstance(results[0], MemoryError)
+    assert observed(a, (outer,)) == expected
+
+
 def test_compact_punch_keeps_live_blocks(monkeypatch):
     """A block allocated by a finalizer while ``empty_cache`` gives whole free
     pages back from the middle of a space is not in pages it then unmaps."""
