@@ -348,6 +348,32 @@ def test_cupy_allocator_checks_each_new_context_once(monkeypatch):
     assert second.allocator.get_stats().bytes_in_use == 0
 
 
+def test_cupy_allocator_checks_each_device_once(monkeypatch):
+    """Allocations that alternate between two devices check each device's
+    context once, not at every switch."""
+    from numba_bfc.integrations.cupy import cupy_allocator
+
+    managers = [make_manager(), make_manager()]
+    contexts = [m.context for m in managers]
+    for m in managers:
+        m.context.memory_manager = m
+    calls = _cupy_sees(monkeypatch, contexts[0])
+    device = [0]
+    monkeypatch.setattr(cuda, "gpus", [types.SimpleNamespace(get_primary_context=lambda c=c: c)
+                                       for c in contexts])
+    monkeypatch.setattr(cuda, "current_context", lambda devnum=None: (
+        calls.append(devnum), contexts[device[0]])[1])
+    cupy = sys.modules["cupy"]
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: device[0])
+    blocks = []
+    for i in range(6):
+        device[0] = i % 2
+        blocks.append(cupy_allocator(4096))
+    assert len(calls) == 2
+    assert [m.allocator.get_stats().bytes_in_use for m in managers] == [3 * 4096, 3 * 4096]
+    del blocks
+
+
 def test_cupy_allocator_refuses_another_manager_or_device(monkeypatch):
     from numba_bfc.integrations.cupy import cupy_allocator
 

@@ -61,18 +61,17 @@ def _never_checked() -> None:
     return None
 
 
-# A weak reference to the last context found to be Numba's current one with a
-# numba_bfc manager, for CuPy's device at the time.
-_checked_context: Callable[[], Any] = _never_checked
+# Per device: a weak reference to the last context found to be Numba's current
+# one with a numba_bfc manager.
+_checked_contexts: dict[int, Callable[[], Any]] = {}
 
 
 def _manager_for(device_id: int) -> Any:
     """The numba_bfc manager of the primary context of ``device_id``."""
-    global _checked_context
     from numba import cuda
 
     ctx = cuda.gpus[device_id].get_primary_context()
-    if _checked_context() is not ctx:
+    if _checked_contexts.get(device_id, _never_checked)() is not ctx:
         from .numba_emm import current_manager
 
         # CuPy's runtime calls make the device's primary context current, and
@@ -83,7 +82,7 @@ def _manager_for(device_id: int) -> Any:
                 f"numba_bfc.cupy_allocator: CuPy's current device is {device_id} but Numba's "
                 f"current context is on device {int(mgr.context.device.id)}; select the same "
                 "device in both")
-        _checked_context = weakref.ref(ctx)
+        _checked_contexts[device_id] = weakref.ref(ctx)
     return ctx.memory_manager
 
 
