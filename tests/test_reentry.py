@@ -101,24 +101,40 @@ def test_bfc_release_of_free_regions(monkeypatch):
     assert observed(a, (released, *results)) == expected
 
 
-def test_bfc_growth_stays_within_the_limit(monkeypatch):
-    """A finalizer that allocates while ``_extend`` asks the backend for a
-    region does not take the pool past the memory limit."""
+# Growth at the limit: (allocator over a backend, remapping backend, the
+# backend call growth makes, request size).
+GROWTH = {
+    "bfc": (lambda b: BFCAllocator(b, memory_limit=8 * MiB), False, "alloc", 3 * MiB),
+    "compact": (lambda b: CompactAllocator(b, memory_limit=8 * MiB, page_size=64 * KiB),
+                False, "alloc", 5 * MiB),
+    "compact-remapping": (lambda b: CompactAllocator(b, memory_limit=8 * MiB,
+                                                     page_size=64 * KiB),
+                          True, "alloc_at", 5 * MiB),
+}
+
+
+@pytest.mark.parametrize("case", GROWTH)
+def test_growth_stays_within_the_limit(monkeypatch, case):
+    """A finalizer that allocates while the allocator asks the backend for
+    memory does not take the pool past the limit, nor map over what is being
+    mapped."""
+    make, contiguous, asks, size = GROWTH[case]
+
     def start():
-        backend = VirtualSubAllocator()
-        a = BFCAllocator(backend, memory_limit=8 * MiB)
+        backend = VirtualSubAllocator(contiguous=contiguous)
+        a = make(backend)
         a.allocate_raw(1 * MiB)
         return a, backend
 
     a, _ = start()
-    outer = a.allocate_raw(3 * MiB)
+    outer = a.allocate_raw(size)
     with pytest.raises(MemoryError):
-        a.allocate_raw(3 * MiB)
+        a.allocate_raw(size)
     expected = observed(a, (outer,))
 
     a, backend = start()
-    results = finalizer_inside(monkeypatch, backend, "alloc", lambda: a.allocate_raw(3 * MiB))
-    outer = a.allocate_raw(3 * MiB)
+    results = finalizer_inside(monkeypatch, backend, asks, lambda: a.allocate_raw(size))
+    outer = a.allocate_raw(size)
     gc.collect()
     assert len(results) == 1 and isinstance(results[0], MemoryError)
     assert observed(a, (outer,)) == expected
@@ -175,31 +191,6 @@ def test_caching_batch_records_its_leased_segments_first(monkeypatch):
     batch = a.run_batch([0], [0], [3 * MiB]).tolist()
     gc.collect()
     assert observed(a, (batch, *results)) == expected
-
-
-@pytest.mark.parametrize("contiguous", [False, True])
-def test_compact_growth_stays_within_the_limit(monkeypatch, contiguous):
-    """A finalizer that allocates while compact asks the backend for pages does
-    not take the pool past the limit, nor map over the pages being mapped."""
-    def start():
-        backend = VirtualSubAllocator(contiguous=contiguous)
-        a = CompactAllocator(backend, memory_limit=8 * MiB, page_size=64 * KiB)
-        a.allocate_raw(1 * MiB)
-        return a, backend
-
-    a, _ = start()
-    outer = a.allocate_raw(5 * MiB)
-    with pytest.raises(MemoryError):
-        a.allocate_raw(5 * MiB)
-    expected = observed(a, (outer,))
-
-    a, backend = start()
-    results = finalizer_inside(monkeypatch, backend, "alloc_at" if contiguous else "alloc",
-                               lambda: a.allocate_raw(5 * MiB))
-    outer = a.allocate_raw(5 * MiB)
-    gc.collect()
-    assert len(results) == 1 and isinstance(results[0], MemoryError)
-    assert observed(a, (outer,)) == expected
 
 
 def test_compact_punch_keeps_live_blocks(monkeypatch):
