@@ -138,30 +138,29 @@ class TableLock:
     ``with``, ``acquire`` and ``release`` like ``threading.RLock``.
     """
 
-    __slots__ = ("_lock", "_state", "rest_depth", "_held")
+    __slots__ = ("_lock", "_state", "rest_depth")
 
     def __init__(self, state: np.ndarray) -> None:
         self._lock = threading.RLock()
         self._state = state
         self.rest_depth = 0 if LOCK_FREE_CALLS else 1  # the depth while nobody holds it
-        self._held = 0  # the holder's nesting (only the holder changes it)
         state[L.S_LOCK_DEPTH] = self.rest_depth
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         if not self._lock.acquire(blocking, timeout):
             return False
-        if self._held == 0:
+        depth = self._state[L.S_LOCK_DEPTH]  # only the holder changes it
+        if depth == self.rest_depth:
             pause_gc()
-        self._held += 1
-        self._state[L.S_LOCK_DEPTH] += 1
+        self._state[L.S_LOCK_DEPTH] = depth + 1
         return True
 
     __enter__ = acquire
 
     def release(self) -> None:
-        self._state[L.S_LOCK_DEPTH] -= 1
-        self._held -= 1
-        if self._held == 0:
+        depth = self._state[L.S_LOCK_DEPTH] - 1
+        self._state[L.S_LOCK_DEPTH] = depth
+        if depth == self.rest_depth:
             resume_gc()
         self._lock.release()
 
