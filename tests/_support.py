@@ -157,3 +157,32 @@ def churn_with_patterns(allocator, backend, steps, pick_size, rng, every=None, e
     for p, (n, value) in live.items():
         assert np.all(backend.view(p, n) == value)
     return live
+
+
+def finalizer_inside(monkeypatch, owner, name, action):
+    """Make ``owner.name``'s first call leave garbage whose finalizer runs
+    ``action()`` and allocate enough containers for a collection to be due,
+    then go on. Returns the list the finalizer appends its result to."""
+    results = []
+    original = getattr(owner, name)
+
+    class Garbage:  # in a cycle: only a collection finalizes it
+        def __init__(self):
+            self.cycle = self
+
+        def __del__(self):
+            try:
+                results.append(action())
+            except Exception as e:  # what a finalizer would print and drop
+                results.append(e)
+
+    def first_call_leaves_garbage(*args, **kwargs):
+        if not hasattr(first_call_leaves_garbage, "fired"):
+            first_call_leaves_garbage.fired = True
+            Garbage()
+            churn = [[] for _ in range(1000)]
+            del churn
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, first_call_leaves_garbage)
+    return results

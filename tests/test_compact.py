@@ -7,7 +7,7 @@ import gc
 
 import numpy as np
 import pytest
-from _support import batch_program, pointer_step, single_calls
+from _support import batch_program, finalizer_inside, pointer_step, single_calls
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -948,25 +948,7 @@ def test_no_finalizer_reads_the_pieces_half_played(monkeypatch):
     expected = dict(replayed()._pieces)
     a = replayed()
     assert any(min(sizes) < 0 for _, _, sizes in a._unplayed)  # a log that gave pages back
-    seen = []
-
-    class Reader:  # garbage in a cycle: only a collection finalizes it
-        def __init__(self):
-            self.cycle = self
-
-        def __del__(self):
-            seen.append(dict(a._pieces))
-
-    play_on_map = a._play_on_map
-
-    def play_after_garbage(*args):
-        Reader()
-        kept = [[] for _ in range(1000)]  # enough new containers for a collection to run
-        played = play_on_map(*args)
-        del kept
-        return played
-
-    monkeypatch.setattr(a, "_play_on_map", play_after_garbage)
+    seen = finalizer_inside(monkeypatch, a, "_play_on_map", lambda: dict(a._pieces))
     thresholds = gc.get_threshold()
     gc.set_threshold(10)
     try:

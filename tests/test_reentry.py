@@ -19,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _support import finalizer_inside
 
 from numba_bfc import BFCAllocator, CachingAllocator, CompactAllocator
 from numba_bfc.allocators._tables import pause_gc, resume_gc
@@ -40,35 +41,6 @@ def eager_collection():
     gc.set_threshold(*thresholds)
     if not enabled:
         gc.disable()
-
-
-def finalizer_inside(monkeypatch, owner, name, action):
-    """Make ``owner.name``'s first call leave garbage whose finalizer runs
-    ``action()`` and allocate enough containers for a collection to be due,
-    then go on. Returns the list the finalizer appends its result to."""
-    results = []
-    original = getattr(owner, name)
-
-    class Garbage:  # in a cycle: only a collection finalizes it
-        def __init__(self):
-            self.cycle = self
-
-        def __del__(self):
-            try:
-                results.append(action())
-            except Exception as e:  # what a finalizer would print and drop
-                results.append(e)
-
-    def first_call_leaves_garbage(*args, **kwargs):
-        if not hasattr(first_call_leaves_garbage, "fired"):
-            first_call_leaves_garbage.fired = True
-            Garbage()
-            churn = [[] for _ in range(1000)]
-            del churn
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(owner, name, first_call_leaves_garbage)
-    return results
 
 
 def observed(a, extra=()):
