@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _NO_COMPILE = r"""
@@ -142,3 +144,79 @@ def test_the_kernel_cache_is_dropped_when_any_kernel_source_changes(tmp_path):
     layout.write_text(layout.read_text() + "\n# another file changed\n")
     assert cache_hits() == 0  # chunks.py is unchanged, but its cache is stale
     assert cache_hits() == 1
+
+
+_INLINE_ONLY_SCENARIO = r"""
+import json, random, sys
+from numba_bfc import BFCAllocator
+from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.kernels import chunks, jit
+from numba_bfc.traces import replay
+from numba_bfc.traces.data import load_bundled
+a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 28)
+rng, live, out = random.Random(5), [], []
+for _ in range(2000):
+    if live and rng.random() < 0.5:
+        a.deallocate_raw(live.pop(rng.randrange(len(live))))
+    else:
+        live.append(a.allocate_raw(rng.randint(1, 1 << 18)))
+        out.append(live[-1])
+trace = load_bundled("cnn_train")
+limit = int(1.25 * int(trace.live_bytes().max()))
+replays = [replay(trace, policy, limit=limit) for policy in ("bfc", "caching", "compact")]
+played = [[r.peak_in_use_bytes, r.peak_reserved_bytes, r.backend_allocs, r.ooms,
+           r.addresses.tolist()] for r in replays]
+print(json.dumps([jit.inline_only is not None, type(chunks.split_chunk).__name__, out,
+                  a.get_stats().to_dict(), played]))
+"""
+
+
+def test_inline_only_helpers_decide_as_numbas_default_compile(tmp_path):
+    """``kernels._inline_only`` changes how helpers are compiled, not what the
+    kernels do: with it off (Numba's default, every helper compiled and cached
+    on its own), the same calls and replays give the same addresses and figures.
+    Each run has an empty cache of its own, as both share the kernels' cache keys."""
+    on = json.loads(_run(_INLINE_ONLY_SCENARIO, NUMBA_CACHE_DIR=str(tmp_path / "on")))
+    off = json.loads(_run(_INLINE_ONLY_SCENARIO, NUMBA_CACHE_DIR=str(tmp_path / "off"),
+                          NUMBA_BFC_INLINE_ONLY="0"))
+    assert on[:2] == [True, "InlineOnlyDispatcher"]
+    assert off[:2] == [False, "CPUDispatcher"]
+    assert on[2:] == off[2:]
+    assert any(r[3] for r in on[4])  # the replays reached their slow paths
+
+
+_WARM_START = r"""
+import json, sys
+from numba_bfc import BFCAllocator
+from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.kernels import _inline_only
+from numba.core.registry import CPUDispatcher
+a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
+a.deallocate_raw(a.allocate_raw(1000))
+mods = [m for n, m in list(sys.modules.items()) if n.startswith("numba_bfc")]
+kernels = {obj for m in mods for obj in vars(m).values() if isinstance(obj, CPUDispatcher)}
+inner = [k for k in kernels if type(k).__name__ == "InlineOnlyDispatcher"]
+compiled = sorted(k.py_func.__qualname__ for k in kernels
+                  if sum(k.stats.cache_misses.values()) > sum(k.stats.cache_hits.values()))
+print(json.dumps([len(inner), sum(bool(k.signatures) for k in inner), compiled]))
+"""
+
+
+def test_a_warm_start_compiles_no_helper(tmp_path):
+    """Inline-only helpers have no cache entry of their own: the kernels that
+    inline them are cached with their code, so a warm start compiles nothing."""
+    cold = json.loads(_run(_WARM_START, NUMBA_CACHE_DIR=str(tmp_path)))
+    warm = json.loads(_run(_WARM_START, NUMBA_CACHE_DIR=str(tmp_path)))
+    assert cold[0] > 20 and cold[1] > 10 and cold[2]  # compiled, inner helpers too
+    assert warm[0] == cold[0] and warm[1:] == [0, []]
+
+
+def test_an_inline_only_helper_called_from_python_raises():
+    """Without a Python entry point, Numba's dispatcher would call a null wrapper
+    and crash the process; an inline-only helper raises instead."""
+    from numba_bfc.kernels import chunks, jit
+
+    if jit.inline_only is None:
+        pytest.skip("Numba's internals for inline-only helpers are missing")
+    with pytest.raises(TypeError, match="bin_for_size runs only inlined"):
+        chunks.bin_for_size(100, 256, 21)

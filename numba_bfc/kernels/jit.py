@@ -1,8 +1,8 @@
 """How kernels are compiled: three decorators, one per role.
 
-Compiling is what a cold start costs (a first allocation compiles 29
-functions in about 3 s here), and Numba spends part of it on wrappers a
-function may never need: the CPython wrapper (for calls from Python) and the
+Compiling is what a cold start costs (a first allocation compiles about 20
+functions in 2-2.5 s here), and Numba spends part of it on code a function
+may never need: the CPython wrapper (for calls from Python) and the
 C wrapper (for ctypes/cffi callers; nobody calls a kernel that way, so
 ``njit`` here leaves it out). So:
 
@@ -12,12 +12,15 @@ C wrapper (for ctypes/cffi callers; nobody calls a kernel that way, so
   between helpers pass several machine words per array, and cost more than
   the work they do), and also called from Python by the façade.
 - ``inner``: a ``helper`` that only kernels call: no wrapper at all (tests
-  call one through a kernel of their own). A wrapper is compiled with its
-  function whether or not anything calls it from Python.
+  call one through a kernel of their own; a wrapper is compiled with its
+  function whether or not anything calls it from Python), and compiled only
+  into its callers (``kernels._inline_only``): no machine code or cache entry
+  of its own, which nothing would use.
 
-All are cached (``cache=True``) and none releases the GIL (``kernels.guard``).
+All are cached (``cache=True``), an ``inner`` helper inside the kernels that
+inline it, and none releases the GIL (``kernels.guard``).
 
-Every kernel of the package is compiled through ``njit`` here, which keys
+Every cached kernel of the package is compiled through ``njit`` here, which keys
 Numba's cache on all the package's kernel sources, not only the function's
 own file. Numba checks only that file, yet a kernel inlines helpers from
 other files and builds its table views from ``layout``'s dtypes: after an
@@ -34,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from numba import njit as _numba_njit
+
+from numba_bfc.kernels._inline_only import inline_only
 
 # The packages whose modules define kernels; any of them may be inlined into another.
 _KERNEL_PACKAGES = ("kernels", "policies", "planning", "traces")
@@ -73,4 +78,4 @@ def njit(**options: Any) -> Callable[[Callable], Any]:
 
 operation = njit(cache=True)
 helper = njit(cache=True, forceinline=True)
-inner = njit(cache=True, forceinline=True, no_cpython_wrapper=True)
+inner = inline_only or njit(cache=True, forceinline=True, no_cpython_wrapper=True)

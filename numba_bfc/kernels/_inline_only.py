@@ -1,0 +1,116 @@
+"""Helpers compiled only into the kernels that call them (``jit.inner``).
+
+Numba compiles each function a kernel calls as a unit of its own: typed,
+lowered to an LLVM module, then optimised and made into machine code with
+every function it calls linked in, and cached. A caller links that optimised
+module into its own and optimises and compiles the whole again. A helper that
+only kernels call runs only inlined into them, so its own optimisation,
+machine code and cache entry are never used, yet a cold first allocation
+spent 0.63 s of its 4.1 s on them (``docs/performance.md``), a deep helper
+paying at every level above it.
+
+An inline-only helper stops after lowering: its LLVM module is what callers
+link in and optimise with their own code, as before, but it is not optimised
+on its own, no machine code is made from it, and nothing of it is cached: the
+kernels that inline it are cached with its code in them, so a warm start
+compiles none of it. It has no Python entry point; calling it from Python
+raises ``TypeError`` (a plain ``no_cpython_wrapper`` function crashes the
+process instead).
+
+This relies on Numba internals (its pass pipeline and the finalisation of a
+JIT code library). Where they are missing, or with ``NUMBA_BFC_INLINE_ONLY=0``
+(read at import), ``inline_only`` is ``None`` and ``jit.inner`` compiles each
+helper on its own, cached, as Numba does by default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+ENV_VAR = "NUMBA_BFC_INLINE_ONLY"
+
+_OPTIONS = {"nopython": True, "forceinline": True, "no_cpython_wrapper": True,
+            "no_cfunc_wrapper": True}
+
+
+def _define() -> Callable[[Callable], Any] | None:
+    try:
+        from numba.core.codegen import JITCodeLibrary
+        from numba.core.compiler import CompilerBase, DefaultPassBuilder
+        from numba.core.compiler_machinery import LoweringPass, register_pass
+        from numba.core.registry import CPUDispatcher
+        from numba.core.typed_passes import NativeLowering
+    except ImportError:
+        return None
+    needed = ("_finalize_dynamic_globals", "_verify_declare_only_symbols",
+              "_optimize_final_module", "_finalize_final_module")
+    if not all(hasattr(JITCodeLibrary, name) for name in needed):
+        return None
+
+    class LinkOnlyLibrary(JITCodeLibrary):
+        """A code library whose module is only ever linked into other libraries."""
+
+        def _optimize_final_module(self) -> None:
+            # The callers optimise this code with their own, after inlining it.
+            pass
+
+        def _finalize_final_module(self) -> None:
+            # Numba's version also adds the module to the JIT engine, which
+            # makes its machine code; nothing would ever run that code.
+            self._finalize_dynamic_globals()
+            self._verify_declare_only_symbols()
+            self._finalized = True
+
+    @register_pass(mutates_CFG=False, analysis_only=False)
+    class RegisterForLinking(LoweringPass):
+        """After lowering without compiling (``no_compile``): let callers link the module."""
+
+        _name = "numba_bfc_register_for_linking"
+
+        def __init__(self) -> None:
+            LoweringPass.__init__(self)
+
+        def run_pass(self, state) -> bool:
+            lowered = state["cr"]
+            # The key callers' lowering looks the implementation up by (the
+            # overload's entry point); nothing calls it.
+            key = object()
+            state.targetctx.insert_user_function(key, lowered.fndesc, [state.library])
+            state.reload_init.extend(getattr(state.library, "_reload_init", ()))
+            state["cr"] = lowered._replace(cfunc=key)
+            return True
+
+    class InlineOnlyCompiler(CompilerBase):
+        """Numba's nopython pipeline, lowering into a ``LinkOnlyLibrary``."""
+
+        def define_pipelines(self):
+            self.state.flags.no_compile = True
+            self.state.library = LinkOnlyLibrary(self.state.targetctx.codegen(),
+                                                 self.state.func_id.func_qualname)
+            pipeline = DefaultPassBuilder.define_nopython_pipeline(self.state)
+            pipeline.add_pass_after(RegisterForLinking, NativeLowering)
+            pipeline.finalize()
+            return [pipeline]
+
+    class InlineOnlyDispatcher(CPUDispatcher):
+        """A dispatcher whose overloads have no entry point for Python."""
+
+        def add_overload(self, cres) -> None:
+            # Numba's version also gives the entry point to the C dispatcher,
+            # which would call it as a compiled Python wrapper.
+            self.overloads[tuple(cres.signature.args)] = cres
+
+        def _compile_for_args(self, *args, **kws):
+            raise TypeError(f"{self.py_func.__qualname__} runs only inlined into the kernels "
+                            "that call it (kernels.jit.inner); call it through a kernel")
+
+    def inline_only(fn: Callable) -> Any:
+        return InlineOnlyDispatcher(fn, targetoptions=dict(_OPTIONS),
+                                    pipeline_class=InlineOnlyCompiler)
+
+    return inline_only
+
+
+inline_only = _define() if os.environ.get(ENV_VAR, "1") != "0" else None
