@@ -203,6 +203,24 @@ def test_a_memory_map_is_one_moment(monkeypatch):
     check_invariants(a)
 
 
+def test_a_memory_snapshot_is_one_moment(monkeypatch):
+    """Caching's ``memory_snapshot`` reads the blocks, then the segments: a
+    finalizer's allocation of a new segment between the reads would show that
+    segment without its block. Now the snapshot is of one moment, and the
+    allocation after it."""
+    a = CachingAllocator(VirtualSubAllocator())
+    a.allocate_raw(1 * MiB)
+    results = finalizer_inside(monkeypatch, a, "_segment_list", lambda: a.allocate_raw(30 * MiB))
+    snapshot = a.memory_snapshot()
+    gc.collect()
+    assert len(results) == 1 and not isinstance(results[0], Exception)
+    assert [s["total_size"] for s in snapshot] == [2 * MiB]
+    for segment in snapshot + a.memory_snapshot():
+        assert sum(b["size"] for b in segment["blocks"]) == segment["total_size"]
+    assert sorted(s["total_size"] for s in a.memory_snapshot()) == [2 * MiB, 30 * MiB]
+    check_invariants(a)
+
+
 def test_a_finalizer_during_a_table_growth():
     """While a table grows, the state records the old table until the new one is
     in place: a finalizer's allocation there wrote past the old table's end
