@@ -20,11 +20,11 @@ kernels = [obj for m in mods for obj in vars(m).values() if isinstance(obj, CPUD
 print(len(kernels), sum(bool(k.signatures) for k in kernels))
 """
 
-_SCENARIO = r"""
+# Random allocations and frees through the API: ``out`` holds every address.
+_RANDOM_CALLS = r"""
 import json, random
 from numba_bfc import BFCAllocator
 from numba_bfc.backends import VirtualSubAllocator
-from numba_bfc.allocators import bfc as F
 a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 28)
 rng, live, out = random.Random(3), [], []
 for _ in range(3000):
@@ -33,6 +33,10 @@ for _ in range(3000):
     else:
         live.append(a.allocate_raw(rng.randint(1, 1 << 18)))
         out.append(live[-1])
+"""
+
+_SCENARIO = _RANDOM_CALLS + r"""
+from numba_bfc.allocators import bfc as F
 print(json.dumps([F.BFCAllocator._ALLOCATE.fast, out, a.get_stats().to_dict()]))
 """
 
@@ -146,21 +150,10 @@ def test_the_kernel_cache_is_dropped_when_any_kernel_source_changes(tmp_path):
     assert cache_hits() == 1
 
 
-_INLINE_ONLY_SCENARIO = r"""
-import json, random, sys
-from numba_bfc import BFCAllocator
-from numba_bfc.backends import VirtualSubAllocator
+_INLINE_ONLY_SCENARIO = _RANDOM_CALLS + r"""
 from numba_bfc.kernels import chunks, jit
 from numba_bfc.traces import replay
 from numba_bfc.traces.data import load_bundled
-a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 28)
-rng, live, out = random.Random(5), [], []
-for _ in range(2000):
-    if live and rng.random() < 0.5:
-        a.deallocate_raw(live.pop(rng.randrange(len(live))))
-    else:
-        live.append(a.allocate_raw(rng.randint(1, 1 << 18)))
-        out.append(live[-1])
 trace = load_bundled("cnn_train")
 limit = int(1.25 * int(trace.live_bytes().max()))
 replays = [replay(trace, policy, limit=limit) for policy in ("bfc", "caching", "compact")]
