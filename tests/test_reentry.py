@@ -13,6 +13,7 @@ compares the outcome with the same two calls made one after the other.
 """
 
 import gc
+import json
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,7 @@ import pytest
 from _support import finalizer_inside
 
 from numba_bfc import BFCAllocator, CachingAllocator, CompactAllocator
-from numba_bfc.allocators._tables import pause_gc, resume_gc
+from numba_bfc._gc_pause import pause_gc, resume_gc
 from numba_bfc.backends import VirtualSubAllocator
 from numba_bfc.testing.invariants import check_invariants
 
@@ -301,3 +302,83 @@ def test_collection_pauses_nest_and_restore_what_was_set():
             assert not gc.isenabled()
         assert not gc.isenabled()
     assert gc.isenabled()
+
+
+# Non-reentrant locks: a finalizer run under one that calls back in deadlocked,
+# so each runs in a process of its own with a timeout.
+_GARBAGE_AT_FIRST = '''
+import gc
+import json
+
+def garbage_at_first(base, method, action):
+    """A subclass of ``base`` whose first ``method`` call leaves garbage whose
+    finalizer runs ``action()`` and makes a collection due, then goes on."""
+    class Garbage:  # in a cycle: only a collection finalizes it
+        def __init__(self):
+            self.cycle = self
+
+        def __del__(self):
+            action()
+
+    def first_call(self, *args):
+        if not hasattr(first_call, "fired"):
+            first_call.fired = True
+            Garbage()
+            churn = [[] for _ in range(1000)]
+            del churn
+        return getattr(base, method)(self, *args)
+
+    gc.enable()
+    gc.set_threshold(10)
+    return type("Once" + base.__name__, (base,), {method: first_call})
+'''
+
+
+def _run_alone(script):
+    done = subprocess.run([sys.executable, "-c", _GARBAGE_AT_FIRST + textwrap.dedent(script)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_a_finalizer_under_a_host_backends_map_lock():
+    """``HostSubAllocator`` maps under a non-reentrant lock: a finalizer run
+    there that freed a region of the same backend deadlocked the process."""
+    out = _run_alone("""
+        from numba_bfc.backends import HostSubAllocator
+        b = HostSubAllocator()
+        p, n = b.alloc(4096)
+        mapped_then = []
+
+        def free_p():
+            mapped_then.append(len(b.mapped_ranges()))
+            b.free(p, n)
+
+        b._buffers = garbage_at_first(dict, "__setitem__", free_p)(b._buffers)
+        q, m = b.alloc(8192)
+        gc.collect()
+        print(json.dumps([mapped_then, b.mapped_ranges() == [(q, m)]]))
+    """)
+    assert out == [[2], True]  # the finalizer ran once, after q was mapped
+
+
+def test_a_finalizer_under_a_trace_recorders_lock():
+    """``Trace.record`` appends rows under a non-reentrant lock: a finalizer run
+    there that freed memory of the recorded allocator deadlocked the process.
+    Now its free is recorded after the allocation it interrupted."""
+    out = _run_alone("""
+        from numba_bfc import BFCAllocator
+        from numba_bfc.backends import VirtualSubAllocator
+        from numba_bfc.traces import Trace
+        a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
+        with Trace.record(a) as rec:
+            p = a.allocate_raw(1000)
+            rec._rows = garbage_at_first(list, "append", lambda: a.deallocate_raw(p))(rec._rows)
+            a.allocate_raw(2000)
+            gc.collect()
+        t = rec.trace
+        print(json.dumps([t.ops.tolist(), t.ids.tolist(), t.sizes.tolist()]))
+    """)
+    from numba_bfc.traces import _kernels as K
+
+    assert out == [[K.ALLOC, K.ALLOC, K.FREE], [0, 1, 0], [1000, 2000, 1000]]

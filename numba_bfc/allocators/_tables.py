@@ -16,15 +16,13 @@ held, and every table replacement records the new table's address.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import sys
 import threading
 import weakref
-from collections.abc import Iterator
 
 import numpy as np
 
+from .._gc_pause import pause_gc, resume_gc
 from ..errors import InvalidPointerError, OutOfMemoryError
 from ..framework.validate import MAX_INT64, check_alignment
 from ..kernels import layout as L
@@ -82,51 +80,12 @@ _FREE_REGION_ROWS = Kernel(free_region_rows_op)
 LOCK_FREE_CALLS = getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
-# Automatic garbage collection waits while any allocator's lock is held (a
-# count over every allocator and thread). The lock lets its holder's thread in
-# again, and a collection can run at any Python allocation inside a multi-step
-# operation (a slow path, a release, a table growth, a lease): a finalizer it
-# ran that calls the allocator would find the tables, the backend or the
-# façade's records half changed. Explicit gc.collect() calls still collect.
-_gc_pause_lock = threading.Lock()
-_gc_lock, _gc_unlock = _gc_pause_lock.acquire, _gc_pause_lock.release  # cheaper than ``with``
-_gc_pauses = 0
-_gc_was_enabled = False
-
-
-def pause_gc() -> None:
-    """Stop automatic garbage collection until the matching ``resume_gc``."""
-    global _gc_pauses, _gc_was_enabled
-    _gc_lock()
-    try:
-        if _gc_pauses == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pauses += 1
-    finally:
-        _gc_unlock()
-
-
-def resume_gc() -> None:
-    """End one ``pause_gc``: the last one restores collection if it was on."""
-    global _gc_pauses
-    _gc_lock()
-    try:
-        _gc_pauses -= 1
-        if _gc_pauses == 0 and _gc_was_enabled:
-            gc.enable()
-    finally:
-        _gc_unlock()
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """``pause_gc`` for the block (for a multi-step change made without the lock)."""
-    pause_gc()
-    try:
-        yield
-    finally:
-        resume_gc()
+# Automatic garbage collection waits while any allocator's lock is held
+# (``_gc_pause``). The lock lets its holder's thread in again, and a collection
+# can run at any Python allocation inside a multi-step operation (a slow path,
+# a release, a table growth, a lease): a finalizer it ran that calls the
+# allocator would find the tables, the backend or the façade's records half
+# changed.
 
 
 class TableLock:

@@ -37,10 +37,10 @@ from collections.abc import Sequence
 
 from sortedcontainers import SortedDict
 
+from .._gc_pause import gc_paused
 from ..backends.ranges import play_log_on_map
 from ..policies.compact import GROWTH_FRACTION, GROWTH_PAGES, LARGE_SPACE, SMALL_SPACE
 from ._options import resolve_compact_options
-from ._tables import gc_paused
 from .bfc_base import MIN_ALLOCATION
 
 #: Kernel logs the record of backend pieces keeps unplayed at most (a replay at

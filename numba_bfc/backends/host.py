@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 
+from .._gc_pause import pause_gc, resume_gc
 from .base import SubAllocator, _RangeMap
 
 __all__ = ["HostSubAllocator"]
@@ -20,12 +21,18 @@ def _align_up(x: int, a: int) -> int:
 def _under_map_lock(method):
     """Run ``method`` holding the backend's map lock: ``view`` and
     ``mapped_ranges`` may run in any thread while the allocator that owns the
-    backend maps and unmaps (under its own lock, which they do not take)."""
+    backend maps and unmaps (under its own lock, which they do not take).
+    Automatic garbage collection waits meanwhile: the lock is not reentrant,
+    and a finalizer run there that freed memory of this backend deadlocked."""
 
     @functools.wraps(method)
     def locked(self, *args):
-        with self._map_lock:
-            return method(self, *args)
+        pause_gc()  # before the lock and until it is released: a collection due
+        try:        # when collection resumes must not run with the lock held
+            with self._map_lock:
+                return method(self, *args)
+        finally:
+            resume_gc()
 
     return locked
 

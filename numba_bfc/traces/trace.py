@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .._gc_pause import gc_paused
 from ..errors import InputError
 from ..planning.records import RECORD_DTYPE
 from . import _kernels as K
@@ -444,10 +445,12 @@ class TraceRecorder:
         allocate, deallocate = alloc.allocate_raw, alloc.deallocate_raw
         clock, t0 = time.perf_counter, time.perf_counter()
 
+        # Collection waits until the (non-reentrant) lock is released: a finalizer
+        # run under it that freed memory of the recorded allocator deadlocked.
         def allocate_raw(num_bytes, *args, **kwargs):
             ptr = allocate(num_bytes, *args, **kwargs)
             if ptr:
-                with self._lock:
+                with gc_paused(), self._lock:
                     self._live[ptr] = (self._next_id, int(num_bytes))
                     self._rows.append((K.ALLOC, self._next_id, int(num_bytes), clock() - t0))
                     self._next_id += 1
@@ -455,7 +458,7 @@ class TraceRecorder:
 
         def deallocate_raw(ptr, *args, **kwargs):
             deallocate(ptr, *args, **kwargs)
-            with self._lock:
+            with gc_paused(), self._lock:
                 entry = self._live.pop(ptr, None)
                 if entry is not None:
                     self._rows.append((K.FREE, entry[0], entry[1], clock() - t0))
