@@ -363,9 +363,9 @@ def test_a_finalizer_under_a_host_backends_map_lock():
 
 
 def test_a_finalizer_under_a_trace_recorders_lock():
-    """``Trace.record`` appends rows under a non-reentrant lock: a finalizer run
+    """``Trace.record`` appended rows under a non-reentrant lock: a finalizer run
     there that freed memory of the recorded allocator deadlocked the process.
-    Now its free is recorded after the allocation it interrupted."""
+    Now the free is recorded whole, before the allocation it interrupted."""
     out = _run_alone("""
         from numba_bfc import BFCAllocator
         from numba_bfc.backends import VirtualSubAllocator
@@ -381,4 +381,4 @@ def test_a_finalizer_under_a_trace_recorders_lock():
     """)
     from numba_bfc.traces import _kernels as K
 
-    assert out == [[K.ALLOC, K.ALLOC, K.FREE], [0, 1, 0], [1000, 2000, 1000]]
+    assert out == [[K.ALLOC, K.FREE, K.ALLOC], [0, 0, 1], [1000, 1000, 2000]]

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from .._gc_pause import gc_paused
 from ..errors import InputError
 from ..planning.records import RECORD_DTYPE
 from . import _kernels as K
@@ -430,7 +429,7 @@ class TraceRecorder:
     def __init__(self, allocator, name: str) -> None:
         self._allocator = allocator
         self._name = name
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._rows: list[tuple[int, int, int, float]] = []
         self._live: dict[int, tuple[int, int]] = {}  # pointer -> (id, size)
         self._next_id = 0
@@ -445,20 +444,27 @@ class TraceRecorder:
         allocate, deallocate = alloc.allocate_raw, alloc.deallocate_raw
         clock, t0 = time.perf_counter, time.perf_counter()
 
-        # Collection waits until the (non-reentrant) lock is released: a finalizer
-        # run under it that freed memory of the recorded allocator deadlocked.
+        # The lock is reentrant: a garbage collection under it can run a finalizer
+        # that frees (or allocates) through the recorded allocator on this thread
+        # (a plain lock deadlocked). Each event takes its id before anything is
+        # allocated, so such an event comes out whole, recorded before the one
+        # it interrupted.
+        lock = self._lock
+
         def allocate_raw(num_bytes, *args, **kwargs):
             ptr = allocate(num_bytes, *args, **kwargs)
             if ptr:
-                with gc_paused(), self._lock:
-                    self._live[ptr] = (self._next_id, int(num_bytes))
-                    self._rows.append((K.ALLOC, self._next_id, int(num_bytes), clock() - t0))
-                    self._next_id += 1
+                with lock:
+                    event = self._next_id
+                    self._next_id = event + 1
+                    n = int(num_bytes)
+                    self._live[ptr] = (event, n)
+                    self._rows.append((K.ALLOC, event, n, clock() - t0))
             return ptr
 
         def deallocate_raw(ptr, *args, **kwargs):
             deallocate(ptr, *args, **kwargs)
-            with gc_paused(), self._lock:
+            with lock:
                 entry = self._live.pop(ptr, None)
                 if entry is not None:
                     self._rows.append((K.FREE, entry[0], entry[1], clock() - t0))
