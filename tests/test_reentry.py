@@ -382,3 +382,22 @@ def test_a_finalizer_under_a_trace_recorders_lock():
     from numba_bfc.traces import _kernels as K
 
     assert out == [[K.ALLOC, K.FREE, K.ALLOC], [0, 0, 1], [1000, 1000, 2000]]
+
+
+def test_a_finalizer_under_a_retrying_adaptors_lock():
+    """``RetryingAllocator`` counts frees and wakes waiters under a lock that
+    was not reentrant: a finalizer run there that freed through the adaptor
+    deadlocked the process."""
+    out = _run_alone("""
+        import threading
+        from numba_bfc.adaptors import RetryingAllocator
+        from numba_bfc.framework import HostAllocator
+        r = RetryingAllocator(HostAllocator(memory_limit=1 << 20), max_wait=1.0)
+        p, q = r.allocate_raw(1000), r.allocate_raw(1000)
+        r._freed = garbage_at_first(threading.Condition, "notify_all",
+                                    lambda: r.deallocate_raw(q))(r._freed._lock)
+        r.deallocate_raw(p)
+        gc.collect()
+        print(json.dumps([r._num_frees, r.get_stats().bytes_in_use]))
+    """)
+    assert out == [2, 0]

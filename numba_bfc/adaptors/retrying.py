@@ -44,7 +44,9 @@ class RetryingAllocator(AllocatorWrapper):
                 max_wait >= 0):
             raise ValueError(f"max_wait must be a number of seconds >= 0, got {max_wait!r}")
         self.max_wait = float(max_wait)
-        self._freed = threading.Condition(threading.Lock())
+        # Reentrant: a garbage collection under it can run a finalizer that frees
+        # through this adaptor on the same thread (a plain lock deadlocked).
+        self._freed = threading.Condition(threading.RLock())
         self._num_frees = 0
         self._num_retries = 0
         self._num_failures = 0
