@@ -19,8 +19,9 @@ process instead).
 
 This relies on Numba internals (its pass pipeline and the finalisation of a
 JIT code library). Where they are missing, or with ``NUMBA_BFC_INLINE_ONLY=0``
-(read at import), ``inline_only`` is ``None`` and ``jit.inner`` compiles each
-helper on its own, cached, as Numba does by default.
+(read at import) or ``NUMBA_DISABLE_JIT``, ``inline_only`` is ``None`` and
+``jit.inner`` compiles each helper on its own, cached, as Numba does by
+default.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ _OPTIONS = {"nopython": True, "forceinline": True, "no_cpython_wrapper": True,
 
 
 def _define() -> Callable[[Callable], Any] | None:
+    from numba.core import config
+
+    if config.DISABLE_JIT:  # as numba.njit: the plain Python function
+        return None
     try:
         from numba.core.codegen import JITCodeLibrary
         from numba.core.compiler import CompilerBase, DefaultPassBuilder
