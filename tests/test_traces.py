@@ -231,6 +231,42 @@ def test_record_collects_events_and_restores():
     assert r.addresses[:2].tolist() == [p, q]
 
 
+def test_record_a_free_whose_address_is_handed_out_again_at_once():
+    """Another thread may be handed a freed address before the free is recorded:
+    the free took the pointer's entry after freeing, which was then the new
+    allocation's, so the trace freed the new block and never the old one. Here
+    the backend's free itself allocates the same size again (same address)."""
+    class ReallocatingFree(BFCAllocator):
+        def deallocate_raw(self, ptr):
+            super().deallocate_raw(ptr)
+            self.again = self.allocate_raw(1000)  # the recorded method
+
+    a = ReallocatingFree(VirtualSubAllocator(), memory_limit=1 << 30)
+    with Trace.record(a) as rec:
+        p = a.allocate_raw(1000)
+        a.deallocate_raw(p)
+    assert a.again == p
+    t = rec.trace
+    assert t.ops.tolist() == [0, 0, 1] and t.ids.tolist() == [0, 1, 0]
+
+
+def test_record_a_free_that_raises_keeps_the_allocation_live():
+    class FailsOnce(BFCAllocator):
+        def deallocate_raw(self, ptr):
+            if not hasattr(self, "failed"):
+                self.failed = True
+                raise RuntimeError("not this time")
+            super().deallocate_raw(ptr)
+
+    a = FailsOnce(VirtualSubAllocator(), memory_limit=1 << 30)
+    with Trace.record(a) as rec:
+        p = a.allocate_raw(1000)
+        with pytest.raises(RuntimeError, match="not this time"):
+            a.deallocate_raw(p)
+        a.deallocate_raw(p)
+    assert rec.trace.ops.tolist() == [0, 1] and rec.trace.ids.tolist() == [0, 0]
+
+
 # ---------------------------------------------------------------------- replay
 def _drive_by_hand(t, a, alignment=256):
     """The per-event Python loop that replay must match."""

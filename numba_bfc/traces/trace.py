@@ -463,10 +463,20 @@ class TraceRecorder:
             return ptr
 
         def deallocate_raw(ptr, *args, **kwargs):
-            deallocate(ptr, *args, **kwargs)
+            # The pointer's entry is taken before the free: once freed, another
+            # thread may be handed the same address and record it as its own
+            # (which may then come before this free's row: both ids stay right).
             with lock:
                 entry = self._live.pop(ptr, None)
+            try:
+                deallocate(ptr, *args, **kwargs)
+            except BaseException:
                 if entry is not None:
+                    with lock:
+                        self._live[ptr] = entry
+                raise
+            if entry is not None:
+                with lock:
                     self._rows.append((K.FREE, entry[0], entry[1], clock() - t0))
 
         alloc.allocate_raw = allocate_raw
