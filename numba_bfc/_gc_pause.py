@@ -3,7 +3,7 @@
 A collection can run at any Python allocation of a container, and the
 finalizers it runs can call back into the code that was interrupted: an
 allocator's lock lets its holder's thread in again, and a non-reentrant lock
-(a backend's map, a trace recorder's rows) deadlocks. ``pause_gc`` keeps a
+(``HostSubAllocator``'s map lock) deadlocks. ``pause_gc`` keeps a
 count over every caller and thread, so automatic collection waits until the
 last pause ends and then runs such a finalizer after the change, as if called
 after it. Explicit ``gc.collect()`` calls still collect.

@@ -159,6 +159,22 @@ def churn_with_patterns(allocator, backend, steps, pick_size, rng, every=None, e
     return live
 
 
+def leave_garbage(action):
+    """Leave garbage whose finalizer runs ``action()`` (in a cycle: only a
+    collection finalizes it), and allocate enough containers for a collection
+    to be due under the usual thresholds."""
+    class Garbage:
+        def __init__(self):
+            self.cycle = self
+
+        def __del__(self):
+            action()
+
+    Garbage()
+    churn = [[] for _ in range(1000)]
+    del churn
+
+
 def finalizer_inside(monkeypatch, owner, name, action):
     """Make ``owner.name``'s first call leave garbage whose finalizer runs
     ``action()`` and allocate enough containers for a collection to be due,
@@ -166,22 +182,16 @@ def finalizer_inside(monkeypatch, owner, name, action):
     results = []
     original = getattr(owner, name)
 
-    class Garbage:  # in a cycle: only a collection finalizes it
-        def __init__(self):
-            self.cycle = self
-
-        def __del__(self):
-            try:
-                results.append(action())
-            except Exception as e:  # what a finalizer would print and drop
-                results.append(e)
+    def record():
+        try:
+            results.append(action())
+        except Exception as e:  # what a finalizer would print and drop
+            results.append(e)
 
     def first_call_leaves_garbage(*args, **kwargs):
         if not hasattr(first_call_leaves_garbage, "fired"):
             first_call_leaves_garbage.fired = True
-            Garbage()
-            churn = [[] for _ in range(1000)]
-            del churn
+            leave_garbage(record)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, first_call_leaves_garbage)

@@ -309,23 +309,18 @@ def test_collection_pauses_nest_and_restore_what_was_set():
 _GARBAGE_AT_FIRST = '''
 import gc
 import json
+import sys
+
+sys.path.insert(0, "tests")
+from _support import leave_garbage
 
 def garbage_at_first(base, method, action):
     """A subclass of ``base`` whose first ``method`` call leaves garbage whose
     finalizer runs ``action()`` and makes a collection due, then goes on."""
-    class Garbage:  # in a cycle: only a collection finalizes it
-        def __init__(self):
-            self.cycle = self
-
-        def __del__(self):
-            action()
-
     def first_call(self, *args):
         if not hasattr(first_call, "fired"):
             first_call.fired = True
-            Garbage()
-            churn = [[] for _ in range(1000)]
-            del churn
+            leave_garbage(action)
         return getattr(base, method)(self, *args)
 
     gc.enable()

@@ -79,8 +79,8 @@ def _define() -> Callable[[Callable], Any] | None:
 
         def run_pass(self, state) -> bool:
             lowered = state["cr"]
-            # The key callers' lowering looks the implementation up by (the
-            # overload's entry point); nothing calls it.
+            # Callers' lowering finds the implementation under the overload's
+            # entry point; here that is only a key, which nothing calls.
             key = object()
             state.targetctx.insert_user_function(key, lowered.fndesc, [state.library])
             state.reload_init.extend(getattr(state.library, "_reload_init", ()))
