@@ -11,6 +11,7 @@ from sortedcontainers import SortedList
 
 from numba_bfc.kernels import layout as L
 from numba_bfc.kernels.chunks import bin_for_size, insert_free, new_row, remove_free
+from numba_bfc.kernels.fields import field, set_field
 from numba_bfc.kernels.ptrmap import map_insert, map_lookup, map_rehash, map_remove
 from numba_bfc.kernels.tree import (
     ordered_set,
@@ -190,3 +191,106 @@ def test_bin_for_size_is_tf_formula(n):
 
     expect = min(20, int(math.floor(math.log2(max(n, 256) >> 8))))
     assert _bin_for_size(n, 256, 21) == expect
+
+
+# kernels.fields: one field of one row, as NumPy's table[row][name].
+_ROWS = np.dtype([("ptr", np.int64), ("bin", np.int32), ("flag", np.bool_), ("ratio", np.float64)])
+
+
+@njit
+def _copy_fields(src, dst, rows, out):
+    # Reads every field of src's rows into out, then writes them back to dst's.
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        out[i, 0] = field(src, r, "ptr")
+        out[i, 1] = field(src, r, "bin")
+        out[i, 2] = field(src, r, "flag")
+        out[i, 3] = field(src, r, "ratio")
+        set_field(dst, r, "ptr", field(src, r, "ptr"))
+        set_field(dst, r, "bin", field(src, r, "bin"))
+        set_field(dst, r, "flag", field(src, r, "flag"))
+        set_field(dst, r, "ratio", field(src, r, "ratio"))
+
+
+@njit
+def _store_int64(table, row, value):
+    set_field(table, row, "bin", value)  # an int32 field: truncated, as NumPy's assignment
+    set_field(table, row, "ptr", value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.data())
+def test_fields_read_and_write_as_numpy_indexing(n, data):
+    src = np.zeros(2 * n, dtype=_ROWS)
+    for name, strategy in (("ptr", st.integers(-(2**63), 2**63 - 1)),
+                           ("bin", st.integers(-(2**31), 2**31 - 1)),
+                           ("flag", st.booleans()),
+                           ("ratio", st.floats(allow_nan=False))):
+        src[name] = data.draw(st.lists(strategy, min_size=2 * n, max_size=2 * n))
+    rows = np.array(data.draw(st.lists(st.integers(-n, n - 1), min_size=1, max_size=3 * n)))
+    # Every other row: a view with a stride, not C-contiguous.
+    for table in (src[:n].copy(), src[::2]):
+        dst = np.zeros_like(table)
+        out = np.zeros((rows.shape[0], 4))
+        _copy_fields(table, dst, rows, out)
+        expected = np.zeros_like(table)
+        for i, r in enumerate(rows):
+            assert out[i, 0] == np.float64(table[r]["ptr"])
+            assert out[i, 1] == table[r]["bin"]
+            assert out[i, 2] == table[r]["flag"]
+            assert out[i, 3] == table[r]["ratio"]
+            expected[r] = table[r]
+        assert dst.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("value", [0, 7, -1, 2**31, 2**40 + 5, -(2**63)])
+def test_set_field_converts_as_numpy_assignment(value):
+    table = np.zeros(2, dtype=_ROWS)
+    expected = table.copy()
+    _store_int64(table, np.int64(-1), np.int64(value))
+    with np.errstate(over="ignore"):
+        expected[-1]["bin"] = np.int64(value).astype(np.int32)
+    expected[-1]["ptr"] = value
+    assert table.tobytes() == expected.tobytes()
+    # From Python they are the plain expressions.
+    assert field(table, 1, "ptr") == value
+    set_field(table, 0, "ptr", 3)
+    assert table[0]["ptr"] == 3
+
+
+def test_a_field_that_is_not_there_is_a_typing_error_naming_it():
+    from numba.core.errors import TypingError
+
+    @njit
+    def read(table):
+        return field(table, 0, "size")
+
+    with pytest.raises(TypingError, match="no field 'size'"):
+        read(np.zeros(1, dtype=_ROWS))
+
+
+def test_fields_check_bounds_under_numba_boundscheck(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np\n"
+        "from numba import njit\n"
+        "from numba_bfc.kernels.fields import field, set_field\n"
+        "read = njit(lambda t, r: field(t, r, 'ptr'))\n"
+        "write = njit(lambda t, r: set_field(t, r, 'ptr', 1))\n"
+        "t = np.zeros(3, dtype=[('ptr', np.int64)])\n"
+        "for f in (read, write):\n"
+        "    for r in (3, -4):\n"
+        "        try:\n"
+        "            f(t, r)\n"
+        "        except IndexError:\n"
+        "            continue\n"
+        "        raise SystemExit(f'row {r} passed')\n"
+        "assert read(t, -3) == 0 and t['ptr'].sum() == 0\n"
+        "print('ok')\n"
+    )
+    env = {**__import__("os").environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

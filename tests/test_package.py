@@ -204,6 +204,36 @@ def test_a_warm_start_compiles_no_helper(tmp_path):
     assert warm[0] == cold[0] and warm[1:] == [0, []]
 
 
+_FIRST_ALLOCATION = r"""
+import json, sys
+from numba_bfc import BFCAllocator
+from numba_bfc.backends import VirtualSubAllocator
+from numba.core.registry import CPUDispatcher
+
+def compiled():
+    mods = [m for n, m in list(sys.modules.items()) if n.startswith("numba_bfc")]
+    kernels = {obj for m in mods for obj in vars(m).values() if isinstance(obj, CPUDispatcher)}
+    return sorted(k.py_func.__qualname__ for k in kernels
+                  if type(k).__name__ != "InlineOnlyDispatcher" and k.signatures)
+
+# A backend whose regions can join: the second region extends the first.
+a = BFCAllocator(VirtualSubAllocator(contiguous=True), memory_limit=1 << 30)
+a.allocate_raw(1000)
+first = compiled()
+a.allocate_raw(3 << 20)
+print(json.dumps([first, compiled()]))
+"""
+
+
+def test_a_first_allocation_compiles_no_region_joining(tmp_path):
+    """The first region has nothing to join: a first allocation compiles the
+    allocation kernel and the one that adds a region of its own, not the
+    joining (and coalescing) code, which the second region compiles."""
+    first, then = json.loads(_run(_FIRST_ALLOCATION, NUMBA_CACHE_DIR=str(tmp_path)))
+    assert first == ["add_separate_region_op", "bfc_allocate_op"]
+    assert set(then) - set(first) == {"add_region_op"}
+
+
 def test_an_inline_only_helper_called_from_python_raises():
     """Without a Python entry point, Numba's dispatcher would call a null wrapper
     and crash the process; an inline-only helper raises instead."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..kernels import layout as L
 from ..kernels.operations import (
     add_region_op,
+    add_separate_region_op,
     merge_timestamped_op,
 )
 from ..policies.batch import run_batch_bfc
@@ -17,6 +18,7 @@ from .bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase, round_bytes
 __all__ = ["BFCAllocator"]
 
 _ADD_REGION = Kernel(add_region_op)
+_ADD_SEPARATE_REGION = Kernel(add_separate_region_op)
 _FAILED_HERE = L.FAILED_HERE
 _DEALLOCATE_TIMESTAMPED = Kernel(bfc_deallocate_timestamped_op)
 _MERGE_TIMESTAMPED = Kernel(merge_timestamped_op)
@@ -179,8 +181,11 @@ class BFCAllocator(TableStore, BFCBase):
         return p if p > 0 else 0
 
     def _add_region(self, ptr: int, size: int, pool_bin: int = L.NO_HANDLE) -> None:
-        while _ADD_REGION.call(self._state, ptr, size, self._coalesce_regions,
-                               pool_bin) == L.NEED_ROWS:
+        # With no region to join, the kernel without the joining code: a
+        # first allocation then compiles none of it.
+        may_join = self._coalesce_regions and self._state[L.S_NUM_REGIONS] > 0
+        add = _ADD_REGION if may_join else _ADD_SEPARATE_REGION
+        while add.call(self._state, ptr, size, pool_bin) == L.NEED_ROWS:
             self._grow_tables()
 
     def _deallocate_chunk(self, ptr: int, count: int) -> bool:

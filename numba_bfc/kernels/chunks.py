@@ -13,6 +13,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from .fields import field, set_field
 from .jit import inner, njit
 from .layout import (
     NEED_ROWS,
@@ -37,8 +38,6 @@ from .tree import tree_insert, tree_max, tree_remove
 # distinct literal argument.
 HONOUR_TIMESTAMPS = np.bool_(False)  # try_to_coalesce: leave timestamped chunks alone
 IGNORE_TIMESTAMPS = np.bool_(True)
-SEPARATE_REGIONS = np.bool_(False)  # add_region: never extend an adjacent region
-JOIN_REGIONS = np.bool_(True)  # add_region: extend the region that ends where it starts
 
 
 @njit(cache=True, inline="always")
@@ -78,31 +77,31 @@ def room_for_operation(pmap, state):
 def new_row(chunks, state):
     """Take a row off the free-handle list (the caller checked one is there)."""
     h = state[S_FREE_HEAD]
-    state[S_FREE_HEAD] = chunks[h]["next"]
+    state[S_FREE_HEAD] = field(chunks, h, "next")
     state[S_FREE_ROWS] -= 1
-    chunks[h]["prev"] = NO_HANDLE
-    chunks[h]["next"] = NO_HANDLE
-    chunks[h]["left"] = NO_HANDLE
-    chunks[h]["right"] = NO_HANDLE
-    chunks[h]["parent"] = NO_HANDLE
-    chunks[h]["bin"] = NO_HANDLE
-    chunks[h]["allocation_id"] = -1
-    chunks[h]["requested_size"] = 0
-    chunks[h]["freed_at_count"] = 0
+    set_field(chunks, h, "prev", NO_HANDLE)
+    set_field(chunks, h, "next", NO_HANDLE)
+    set_field(chunks, h, "left", NO_HANDLE)
+    set_field(chunks, h, "right", NO_HANDLE)
+    set_field(chunks, h, "parent", NO_HANDLE)
+    set_field(chunks, h, "bin", NO_HANDLE)
+    set_field(chunks, h, "allocation_id", -1)
+    set_field(chunks, h, "requested_size", 0)
+    set_field(chunks, h, "freed_at_count", 0)
     return h
 
 
 @inner
 def release_row(chunks, state, h):
     """Return row ``h`` to the free-handle list (TF's ``DeleteChunk``)."""
-    chunks[h]["size"] = 0
-    chunks[h]["ptr"] = 0
-    chunks[h]["allocation_id"] = -1
-    chunks[h]["bin"] = NO_HANDLE
-    chunks[h]["region"] = NO_HANDLE
-    chunks[h]["prev"] = NO_HANDLE
-    chunks[h]["generation"] += 1
-    chunks[h]["next"] = state[S_FREE_HEAD]
+    set_field(chunks, h, "size", 0)
+    set_field(chunks, h, "ptr", 0)
+    set_field(chunks, h, "allocation_id", -1)
+    set_field(chunks, h, "bin", NO_HANDLE)
+    set_field(chunks, h, "region", NO_HANDLE)
+    set_field(chunks, h, "prev", NO_HANDLE)
+    set_field(chunks, h, "generation", field(chunks, h, "generation") + 1)
+    set_field(chunks, h, "next", state[S_FREE_HEAD])
     state[S_FREE_HEAD] = h
     state[S_FREE_ROWS] += 1
 
@@ -111,21 +110,22 @@ def release_row(chunks, state, h):
 def insert_free(chunks, bins, regions, state, h):
     """Put free chunk ``h`` into the bin for its size, or its region's bin, or
     the bin for its size in its region's space (``S_SPACE_BINS``)."""
-    b = regions[chunks[h]["region"]]["bin"]
+    b = field(regions, field(chunks, h, "region"), "bin")
     if b == NO_HANDLE:
-        b = bin_for_size(chunks[h]["size"], state[S_MIN_ALLOCATION], state[S_NUM_BINS])
+        b = bin_for_size(field(chunks, h, "size"), state[S_MIN_ALLOCATION], state[S_NUM_BINS])
     elif state[S_SPACE_BINS] > 0:
         per_space = state[S_SPACE_BINS]
-        b = b * per_space + bin_for_size(chunks[h]["size"], state[S_MIN_ALLOCATION], per_space)
-    chunks[h]["bin"] = b
+        size_bin = bin_for_size(field(chunks, h, "size"), state[S_MIN_ALLOCATION], per_space)
+        b = b * per_space + size_bin
+    set_field(chunks, h, "bin", b)
     tree_insert(chunks, bins, b, h)
 
 
 @inner
 def remove_free(chunks, bins, h):
     """Take free chunk ``h`` out of its bin."""
-    tree_remove(chunks, bins, np.int64(chunks[h]["bin"]), h)
-    chunks[h]["bin"] = NO_HANDLE
+    tree_remove(chunks, bins, np.int64(field(chunks, h, "bin")), h)
+    set_field(chunks, h, "bin", NO_HANDLE)
 
 
 @inner
@@ -135,33 +135,34 @@ def split_chunk(chunks, bins, regions, state, h, nbytes):
     The tail inherits ``freed_at_count`` and is free, not yet in a bin.
     """
     n = new_row(chunks, state)
-    chunks[n]["ptr"] = chunks[h]["ptr"] + nbytes
-    chunks[n]["size"] = chunks[h]["size"] - nbytes
-    chunks[h]["size"] = nbytes
-    chunks[n]["freed_at_count"] = chunks[h]["freed_at_count"]
-    chunks[n]["region"] = chunks[h]["region"]
-    nxt = chunks[h]["next"]
-    chunks[n]["prev"] = h
-    chunks[n]["next"] = nxt
-    chunks[h]["next"] = n
+    set_field(chunks, n, "ptr", field(chunks, h, "ptr") + nbytes)
+    set_field(chunks, n, "size", field(chunks, h, "size") - nbytes)
+    set_field(chunks, h, "size", nbytes)
+    set_field(chunks, n, "freed_at_count", field(chunks, h, "freed_at_count"))
+    set_field(chunks, n, "region", field(chunks, h, "region"))
+    nxt = field(chunks, h, "next")
+    set_field(chunks, n, "prev", h)
+    set_field(chunks, n, "next", nxt)
+    set_field(chunks, h, "next", n)
     if nxt != NO_HANDLE:
-        chunks[nxt]["prev"] = n
+        set_field(chunks, nxt, "prev", n)
     else:
-        regions[chunks[h]["region"]]["last"] = n
+        set_field(regions, field(chunks, h, "region"), "last", n)
     return n
 
 
 @inner
 def merge_chunks(chunks, regions, state, h1, h2):
     """Absorb ``h2`` (the chunk right after ``h1``) into ``h1``; both free, unbinned."""
-    h3 = chunks[h2]["next"]
-    chunks[h1]["next"] = h3
+    h3 = field(chunks, h2, "next")
+    set_field(chunks, h1, "next", h3)
     if h3 != NO_HANDLE:
-        chunks[h3]["prev"] = h1
+        set_field(chunks, h3, "prev", h1)
     else:
-        regions[chunks[h1]["region"]]["last"] = h1
-    chunks[h1]["size"] += chunks[h2]["size"]
-    chunks[h1]["freed_at_count"] = max(chunks[h1]["freed_at_count"], chunks[h2]["freed_at_count"])
+        set_field(regions, field(chunks, h1, "region"), "last", h1)
+    set_field(chunks, h1, "size", field(chunks, h1, "size") + field(chunks, h2, "size"))
+    latest_tag = max(field(chunks, h1, "freed_at_count"), field(chunks, h2, "freed_at_count"))
+    set_field(chunks, h1, "freed_at_count", latest_tag)
     release_row(chunks, state, h2)
 
 
@@ -172,17 +173,17 @@ def try_to_coalesce(chunks, bins, regions, state, h, ignore_freed_at):
     As TF: a timestamped chunk (``freed_at_count > 0``) is left alone unless
     ``ignore_freed_at``; neighbours are merged only if untimestamped (or forced).
     """
-    if (not ignore_freed_at) and chunks[h]["freed_at_count"] > 0:
+    if (not ignore_freed_at) and field(chunks, h, "freed_at_count") > 0:
         return h
     out = h
-    nxt = np.int64(chunks[h]["next"])
-    if nxt != NO_HANDLE and chunks[nxt]["allocation_id"] == -1:
-        if chunks[nxt]["freed_at_count"] == 0 or ignore_freed_at:
+    nxt = np.int64(field(chunks, h, "next"))
+    if nxt != NO_HANDLE and field(chunks, nxt, "allocation_id") == -1:
+        if field(chunks, nxt, "freed_at_count") == 0 or ignore_freed_at:
             remove_free(chunks, bins, nxt)
             merge_chunks(chunks, regions, state, h, nxt)
-    prv = np.int64(chunks[h]["prev"])
-    if prv != NO_HANDLE and chunks[prv]["allocation_id"] == -1:
-        if chunks[prv]["freed_at_count"] == 0 or ignore_freed_at:
+    prv = np.int64(field(chunks, h, "prev"))
+    if prv != NO_HANDLE and field(chunks, prv, "allocation_id") == -1:
+        if field(chunks, prv, "freed_at_count") == 0 or ignore_freed_at:
             out = prv
             remove_free(chunks, bins, prv)
             merge_chunks(chunks, regions, state, prv, h)
@@ -193,7 +194,7 @@ def try_to_coalesce(chunks, bins, regions, state, h, ignore_freed_at):
 def empty_region_row(regions):
     """The first unused row of the region table, -1 if it is full."""
     for i in range(regions.shape[0]):
-        if regions[i]["size"] == 0:
+        if field(regions, i, "size") == 0:
             return i
     return -1
 
@@ -207,56 +208,74 @@ def open_region(chunks, regions, state, ptr, size, pool_bin):
     if r < 0:
         return r, NO_HANDLE
     h = new_row(chunks, state)
-    regions[r]["base"] = ptr
-    regions[r]["size"] = size
-    regions[r]["first"] = h
-    regions[r]["last"] = h
-    regions[r]["bin"] = pool_bin
-    regions[r]["last_piece"] = ptr
-    regions[r]["page"] = 0
+    set_field(regions, r, "base", ptr)
+    set_field(regions, r, "size", size)
+    set_field(regions, r, "first", h)
+    set_field(regions, r, "last", h)
+    set_field(regions, r, "bin", pool_bin)
+    set_field(regions, r, "last_piece", ptr)
+    set_field(regions, r, "page", 0)
     state[S_NUM_REGIONS] += 1
-    chunks[h]["ptr"] = ptr
-    chunks[h]["size"] = size
-    chunks[h]["region"] = r
+    set_field(chunks, h, "ptr", ptr)
+    set_field(chunks, h, "size", size)
+    set_field(chunks, h, "region", r)
     return r, h
 
 
-@inner
-def add_region(chunks, bins, regions, state, ptr, size, coalesce, pool_bin):
-    """Add backend memory ``[ptr, ptr+size)`` as one free chunk (TF's ``Extend`` tail).
+@njit(cache=True, inline="always")
+def count_pool_bytes(state, size):
+    """Count ``size`` more bytes in the pool, and the pool's peak."""
+    state[S_POOL_BYTES] += size
+    state[S_PEAK_POOL_BYTES] = max(state[S_PEAK_POOL_BYTES], state[S_POOL_BYTES])
 
-    With ``coalesce``, memory starting exactly where a region with the same
-    ``pool_bin`` ends extends that region and may merge with its free tail.
-    ``pool_bin`` is the region's fixed bin, or -1 to bin chunks by size.
-    Returns the region row, or ``NEED_ROWS`` (nothing changed) when a table is
-    full.
+
+@inner
+def add_separate_region(chunks, bins, regions, state, ptr, size, pool_bin):
+    """Add backend memory ``[ptr, ptr+size)`` as a region of its own, one free
+    chunk (TF's ``Extend`` tail). ``pool_bin`` is the region's fixed bin, or
+    -1 to bin chunks by size. Returns the region row, or ``NEED_ROWS``
+    (nothing changed) when a table is full.
+
+    The chunk has no neighbour to coalesce with, so this compiles none of
+    ``add_region``'s joining (a first allocation compiles only this).
     """
     if state[S_FREE_ROWS] < 1:
         return NEED_ROWS
-    r = -1
-    if coalesce:
-        for i in range(regions.shape[0]):
-            if (regions[i]["size"] > 0 and regions[i]["base"] + regions[i]["size"] == ptr
-                    and regions[i]["bin"] == pool_bin):
-                r = i
-                break
+    r, h = open_region(chunks, regions, state, ptr, size, pool_bin)
     if r < 0:
-        r, h = open_region(chunks, regions, state, ptr, size, pool_bin)
-        if r < 0:
-            return NEED_ROWS
-    else:
-        h = new_row(chunks, state)
-        last = regions[r]["last"]
-        chunks[h]["prev"] = last
-        chunks[last]["next"] = h
-        regions[r]["size"] += size
-        regions[r]["last"] = h
-    regions[r]["last_piece"] = ptr
-    chunks[h]["ptr"] = ptr
-    chunks[h]["size"] = size
-    chunks[h]["region"] = r
-    state[S_POOL_BYTES] += size
-    state[S_PEAK_POOL_BYTES] = max(state[S_PEAK_POOL_BYTES], state[S_POOL_BYTES])
+        return NEED_ROWS
+    count_pool_bytes(state, size)
+    insert_free(chunks, bins, regions, state, h)
+    return r
+
+
+@inner
+def add_region(chunks, bins, regions, state, ptr, size, pool_bin):
+    """``add_separate_region``, except that memory starting exactly where a
+    region with the same ``pool_bin`` ends extends that region, and may merge
+    with its free tail."""
+    r = -1
+    for i in range(regions.shape[0]):
+        region_size = field(regions, i, "size")
+        if (region_size > 0 and field(regions, i, "base") + region_size == ptr
+                and field(regions, i, "bin") == pool_bin):
+            r = i
+            break
+    if r < 0:
+        return add_separate_region(chunks, bins, regions, state, ptr, size, pool_bin)
+    if state[S_FREE_ROWS] < 1:
+        return NEED_ROWS
+    h = new_row(chunks, state)
+    last = field(regions, r, "last")
+    set_field(chunks, h, "prev", last)
+    set_field(chunks, last, "next", h)
+    set_field(chunks, h, "ptr", ptr)
+    set_field(chunks, h, "size", size)
+    set_field(chunks, h, "region", r)
+    set_field(regions, r, "size", field(regions, r, "size") + size)
+    set_field(regions, r, "last", h)
+    set_field(regions, r, "last_piece", ptr)
+    count_pool_bytes(state, size)
     h = try_to_coalesce(chunks, bins, regions, state, h, HONOUR_TIMESTAMPS)
     insert_free(chunks, bins, regions, state, h)
     return r
@@ -265,11 +284,11 @@ def add_region(chunks, bins, regions, state, ptr, size, coalesce, pool_bin):
 @inner
 def region_in_use(chunks, regions, r):
     """True if any chunk of region ``r`` is in use."""
-    h = regions[r]["first"]
+    h = field(regions, r, "first")
     while h != NO_HANDLE:
-        if chunks[h]["allocation_id"] != -1:
+        if field(chunks, h, "allocation_id") != -1:
             return True
-        h = chunks[h]["next"]
+        h = field(chunks, h, "next")
     return False
 
 
@@ -278,7 +297,7 @@ def free_region_rows(chunks, regions, out):
     """Write the rows of regions with no chunk in use into ``out``; return how many."""
     n = 0
     for r in range(regions.shape[0]):
-        if regions[r]["size"] > 0 and not region_in_use(chunks, regions, r):
+        if field(regions, r, "size") > 0 and not region_in_use(chunks, regions, r):
             out[n] = r
             n += 1
     return n
@@ -287,21 +306,22 @@ def free_region_rows(chunks, regions, out):
 @inner
 def remove_region(chunks, bins, regions, state, r):
     """Drop region ``r`` and all its (free) chunks; return its size."""
-    h = regions[r]["first"]
+    h = field(regions, r, "first")
     while h != NO_HANDLE:
-        nxt = chunks[h]["next"]
-        if chunks[h]["bin"] != NO_HANDLE:
+        nxt = field(chunks, h, "next")
+        if field(chunks, h, "bin") != NO_HANDLE:
             remove_free(chunks, bins, h)
         release_row(chunks, state, h)
         h = nxt
-    size = regions[r]["size"]
+    size = field(regions, r, "size")
     state[S_POOL_BYTES] -= size
     state[S_NUM_REGIONS] -= 1
-    regions[r]["size"] = 0
-    regions[r]["first"] = NO_HANDLE
-    regions[r]["last"] = NO_HANDLE
-    regions[r]["last_piece"] = 0  # an unused row's: a kernel's UNKNOWN_PIECE mark ends here
-    regions[r]["bin"] = NO_HANDLE
+    set_field(regions, r, "size", 0)
+    set_field(regions, r, "first", NO_HANDLE)
+    set_field(regions, r, "last", NO_HANDLE)
+    # an unused row's: a kernel's UNKNOWN_PIECE mark ends here
+    set_field(regions, r, "last_piece", 0)
+    set_field(regions, r, "bin", NO_HANDLE)
     return size
 
 
@@ -309,18 +329,18 @@ def remove_region(chunks, bins, regions, state, r):
 def releasable(chunks, h):
     """True if chunk ``h``'s memory could go back to the backend: free, binned
     and not waiting on a timing count."""
-    return (chunks[h]["allocation_id"] == -1 and chunks[h]["bin"] != NO_HANDLE
-            and chunks[h]["freed_at_count"] == 0)
+    return (field(chunks, h, "allocation_id") == -1 and field(chunks, h, "bin") != NO_HANDLE
+            and field(chunks, h, "freed_at_count") == 0)
 
 
 @inner
 def free_tail_start(chunks, regions, r):
     """Address of region ``r``'s last chunk if it could go back to the backend
     (``releasable``), else the region's end."""
-    h = regions[r]["last"]
+    h = field(regions, r, "last")
     if not releasable(chunks, h):
-        return regions[r]["base"] + regions[r]["size"]
-    return chunks[h]["ptr"]
+        return field(regions, r, "base") + field(regions, r, "size")
+    return field(chunks, h, "ptr")
 
 
 @inner
@@ -330,18 +350,18 @@ def space_regions(chunks, regions, space, out):
     many, or -1 if ``out`` has too few rows."""
     n = 0
     for r in range(regions.shape[0]):
-        if regions[r]["size"] <= 0 or regions[r]["bin"] != space:
+        if field(regions, r, "size") <= 0 or field(regions, r, "bin") != space:
             continue
         if n == out.shape[0]:
             return -1
-        base = regions[r]["base"]
+        base = field(regions, r, "base")
         j = n  # insertion in address order: a space has few regions
         while j > 0 and out[j - 1, 0] > base:
             for k in range(4):
                 out[j, k] = out[j - 1, k]
             j -= 1
         out[j, 0] = base
-        out[j, 1] = regions[r]["size"]
+        out[j, 1] = field(regions, r, "size")
         out[j, 2] = free_tail_start(chunks, regions, r)
         out[j, 3] = free_head_end(chunks, regions, r)
         n += 1
@@ -352,8 +372,8 @@ def space_regions(chunks, regions, space, out):
 def whole_pages(chunks, h, quantum):
     """``(lo, hi)``: the whole ``quantum``-byte pages inside chunk ``h``
     (``hi <= lo``: none)."""
-    return (round_up(chunks[h]["ptr"], quantum),
-            (chunks[h]["ptr"] + chunks[h]["size"]) // quantum * quantum)
+    return (round_up(field(chunks, h, "ptr"), quantum),
+            (field(chunks, h, "ptr") + field(chunks, h, "size")) // quantum * quantum)
 
 
 @inner
@@ -364,20 +384,20 @@ def page_runs(chunks, regions, space, quantum, out):
     -1 if ``out`` has too few rows."""
     n = 0
     for r in range(regions.shape[0]):
-        if regions[r]["size"] <= 0 or regions[r]["bin"] != space:
+        if field(regions, r, "size") <= 0 or field(regions, r, "bin") != space:
             continue
-        h = regions[r]["first"]
+        h = field(regions, r, "first")
         while h != NO_HANDLE:
             if releasable(chunks, h):
                 lo, hi = whole_pages(chunks, h, quantum)
                 if hi > lo:
                     if n == out.shape[0]:
                         return -1
-                    out[n, 0] = regions[r]["base"]
+                    out[n, 0] = field(regions, r, "base")
                     out[n, 1] = lo
                     out[n, 2] = hi
                     n += 1
-            h = chunks[h]["next"]
+            h = field(chunks, h, "next")
     return n
 
 
@@ -386,20 +406,20 @@ def trim_region(chunks, bins, regions, state, r, new_end, last_piece):
     """Cut region ``r`` back to end at ``new_end``, inside its free last chunk
     and above its first byte; ``last_piece`` becomes the region's newest piece.
     Returns the bytes cut."""
-    h = regions[r]["last"]
-    end = regions[r]["base"] + regions[r]["size"]
+    h = field(regions, r, "last")
+    end = field(regions, r, "base") + field(regions, r, "size")
     cut = end - new_end
     remove_free(chunks, bins, h)
-    if new_end == chunks[h]["ptr"]:
-        prv = chunks[h]["prev"]
-        chunks[prv]["next"] = NO_HANDLE
-        regions[r]["last"] = prv
+    if new_end == field(chunks, h, "ptr"):
+        prv = field(chunks, h, "prev")
+        set_field(chunks, prv, "next", NO_HANDLE)
+        set_field(regions, r, "last", prv)
         release_row(chunks, state, h)
     else:
-        chunks[h]["size"] -= cut
+        set_field(chunks, h, "size", field(chunks, h, "size") - cut)
         insert_free(chunks, bins, regions, state, h)
-    regions[r]["size"] -= cut
-    regions[r]["last_piece"] = last_piece
+    set_field(regions, r, "size", field(regions, r, "size") - cut)
+    set_field(regions, r, "last_piece", last_piece)
     state[S_POOL_BYTES] -= cut
     return cut
 
@@ -413,8 +433,8 @@ def largest_free_chunk(chunks, bins):
     """
     largest = 0
     for b in range(bins.shape[0]):
-        if bins[b]["num_chunks"] > 0:
-            largest = max(largest, chunks[tree_max(chunks, bins[b]["root"])]["size"])
+        if field(bins, b, "num_chunks") > 0:
+            largest = max(largest, field(chunks, tree_max(chunks, field(bins, b, "root")), "size"))
     return largest
 
 
@@ -430,7 +450,7 @@ def _queue_push(tsq, state, h, gen):
 @inner
 def queue_timestamped(chunks, state, tsq, h):
     """Append chunk ``h`` to the timestamped-chunk queue (caller checked room)."""
-    _queue_push(tsq, state, h, chunks[h]["generation"])
+    _queue_push(tsq, state, h, field(chunks, h, "generation"))
 
 
 @inner
@@ -455,16 +475,16 @@ def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, 
         h = tsq[(head + k) % cap, 0]
         g = tsq[(head + k) % cap, 1]
         # A stale entry: the chunk was merged away, its region released, or reused.
-        if chunks[h]["generation"] != g:
+        if field(chunks, h, "generation") != g:
             continue
-        if chunks[h]["allocation_id"] != -1 or chunks[h]["bin"] == NO_HANDLE:
+        if field(chunks, h, "allocation_id") != -1 or field(chunks, h, "bin") == NO_HANDLE:
             continue
-        if chunks[h]["freed_at_count"] == 0:
+        if field(chunks, h, "freed_at_count") == 0:
             merge_h[nm] = h
             merge_g[nm] = g
             nm += 1
-        elif chunks[h]["freed_at_count"] < safe_frontier:
-            chunks[h]["freed_at_count"] = 0
+        elif field(chunks, h, "freed_at_count") < safe_frontier:
+            set_field(chunks, h, "freed_at_count", 0)
             merge_h[nm] = h
             merge_g[nm] = g
             nm += 1
@@ -484,16 +504,16 @@ def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, 
     force = required_bytes > 0
     for k in range(nm):
         h = merge_h[k]
-        if chunks[h]["generation"] != merge_g[k]:
+        if field(chunks, h, "generation") != merge_g[k]:
             continue
         if required_bytes == 0 or not satisfied:
             remove_free(chunks, bins, h)
             nh = try_to_coalesce(chunks, bins, regions, state, h, force)
             insert_free(chunks, bins, regions, state, nh)
             if force:
-                if nh != h and chunks[nh]["freed_at_count"] > 0:
-                    _queue_push(tsq, state, nh, chunks[nh]["generation"])
-                if chunks[nh]["size"] >= required_bytes:
+                if nh != h and field(chunks, nh, "freed_at_count") > 0:
+                    _queue_push(tsq, state, nh, field(chunks, nh, "generation"))
+                if field(chunks, nh, "size") >= required_bytes:
                     satisfied = True
         else:
             _queue_push(tsq, state, h, merge_g[k])
@@ -506,24 +526,24 @@ def _split_region_before(chunks, regions, state, r, h, r2):
     into the empty region row ``r2``, which keeps ``r``'s newest piece (or
     starts it, if that piece was cut at ``h``; ``UNKNOWN_PIECE`` stays
     unknown)."""
-    base2 = chunks[h]["ptr"]
-    end = regions[r]["base"] + regions[r]["size"]
-    prv = chunks[h]["prev"]
-    chunks[prv]["next"] = NO_HANDLE
-    chunks[h]["prev"] = NO_HANDLE
-    regions[r2]["base"] = base2
-    regions[r2]["size"] = end - base2
-    regions[r2]["first"] = h
-    regions[r2]["last"] = regions[r]["last"]
-    regions[r2]["bin"] = regions[r]["bin"]
-    newest = regions[r]["last_piece"]
-    regions[r2]["last_piece"] = newest if newest == UNKNOWN_PIECE else max(newest, base2)
-    regions[r]["size"] = base2 - regions[r]["base"]
-    regions[r]["last"] = prv
+    base2 = field(chunks, h, "ptr")
+    end = field(regions, r, "base") + field(regions, r, "size")
+    prv = field(chunks, h, "prev")
+    set_field(chunks, prv, "next", NO_HANDLE)
+    set_field(chunks, h, "prev", NO_HANDLE)
+    set_field(regions, r2, "base", base2)
+    set_field(regions, r2, "size", end - base2)
+    set_field(regions, r2, "first", h)
+    set_field(regions, r2, "last", field(regions, r, "last"))
+    set_field(regions, r2, "bin", field(regions, r, "bin"))
+    newest = field(regions, r, "last_piece")
+    set_field(regions, r2, "last_piece", newest if newest == UNKNOWN_PIECE else max(newest, base2))
+    set_field(regions, r, "size", base2 - field(regions, r, "base"))
+    set_field(regions, r, "last", prv)
     state[S_NUM_REGIONS] += 1
     while h != NO_HANDLE:
-        chunks[h]["region"] = r2
-        h = chunks[h]["next"]
+        set_field(chunks, h, "region", r2)
+        h = field(chunks, h, "next")
 
 
 @inner
@@ -534,35 +554,35 @@ def punch_region(chunks, bins, regions, state, r, lo, hi, left_last_piece):
     its own. Returns ``hi - lo``, or ``NEED_ROWS`` (nothing changed) when a
     table is full."""
     r2 = -1
-    if hi < regions[r]["base"] + regions[r]["size"]:
+    if hi < field(regions, r, "base") + field(regions, r, "size"):
         r2 = empty_region_row(regions)
         if r2 < 0:
             return NEED_ROWS
     if state[S_FREE_ROWS] < 2:
         return NEED_ROWS
-    h = regions[r]["first"]
-    while chunks[h]["ptr"] + chunks[h]["size"] <= lo:
-        h = chunks[h]["next"]
+    h = field(regions, r, "first")
+    while field(chunks, h, "ptr") + field(chunks, h, "size") <= lo:
+        h = field(chunks, h, "next")
     remove_free(chunks, bins, h)
-    if chunks[h]["ptr"] < lo:
-        m = split_chunk(chunks, bins, regions, state, h, lo - chunks[h]["ptr"])
+    if field(chunks, h, "ptr") < lo:
+        m = split_chunk(chunks, bins, regions, state, h, lo - field(chunks, h, "ptr"))
         insert_free(chunks, bins, regions, state, h)
         h = m
-    if chunks[h]["ptr"] + chunks[h]["size"] > hi:
+    if field(chunks, h, "ptr") + field(chunks, h, "size") > hi:
         insert_free(chunks, bins, regions, state, split_chunk(chunks, bins, regions, state, h,
                                                               hi - lo))
     if r2 >= 0:
-        _split_region_before(chunks, regions, state, r, chunks[h]["next"], r2)
+        _split_region_before(chunks, regions, state, r, field(chunks, h, "next"), r2)
     # ``h`` is now exactly [lo, hi) and region ``r``'s last chunk.
-    if h == regions[r]["first"]:
+    if h == field(regions, r, "first"):
         remove_region(chunks, bins, regions, state, r)
     else:
-        prv = chunks[h]["prev"]
-        chunks[prv]["next"] = NO_HANDLE
-        regions[r]["last"] = prv
+        prv = field(chunks, h, "prev")
+        set_field(chunks, prv, "next", NO_HANDLE)
+        set_field(regions, r, "last", prv)
         release_row(chunks, state, h)
-        regions[r]["size"] -= hi - lo
-        regions[r]["last_piece"] = left_last_piece
+        set_field(regions, r, "size", field(regions, r, "size") - (hi - lo))
+        set_field(regions, r, "last_piece", left_last_piece)
         state[S_POOL_BYTES] -= hi - lo
     return hi - lo
 
@@ -572,8 +592,8 @@ def region_holding(regions, ptr, starting):
     """The row of the live region that holds address ``ptr`` (with
     ``starting``: that starts at ``ptr``), or -1."""
     for r in range(regions.shape[0]):
-        base = regions[r]["base"]
-        if regions[r]["size"] > 0 and base <= ptr < base + regions[r]["size"]:
+        base = field(regions, r, "base")
+        if field(regions, r, "size") > 0 and base <= ptr < base + field(regions, r, "size"):
             return r if base == ptr or not starting else -1
     return -1
 
@@ -582,24 +602,24 @@ def region_holding(regions, ptr, starting):
 def join_regions(chunks, bins, regions, state, ra, rb):
     """Append region ``rb``, which starts where ``ra`` ends, to ``ra``; the
     free chunks that meet at the seam merge. Frees row ``rb``."""
-    h = regions[rb]["first"]
-    last = regions[ra]["last"]
-    chunks[last]["next"] = h
-    chunks[h]["prev"] = last
+    h = field(regions, rb, "first")
+    last = field(regions, ra, "last")
+    set_field(chunks, last, "next", h)
+    set_field(chunks, h, "prev", last)
     c = h
     while c != NO_HANDLE:
-        chunks[c]["region"] = ra
-        c = chunks[c]["next"]
-    regions[ra]["size"] += regions[rb]["size"]
-    regions[ra]["last"] = regions[rb]["last"]
-    regions[ra]["last_piece"] = regions[rb]["last_piece"]
-    regions[rb]["size"] = 0
-    regions[rb]["first"] = NO_HANDLE
-    regions[rb]["last"] = NO_HANDLE
-    regions[rb]["bin"] = NO_HANDLE
-    regions[rb]["last_piece"] = 0
+        set_field(chunks, c, "region", ra)
+        c = field(chunks, c, "next")
+    set_field(regions, ra, "size", field(regions, ra, "size") + field(regions, rb, "size"))
+    set_field(regions, ra, "last", field(regions, rb, "last"))
+    set_field(regions, ra, "last_piece", field(regions, rb, "last_piece"))
+    set_field(regions, rb, "size", 0)
+    set_field(regions, rb, "first", NO_HANDLE)
+    set_field(regions, rb, "last", NO_HANDLE)
+    set_field(regions, rb, "bin", NO_HANDLE)
+    set_field(regions, rb, "last_piece", 0)
     state[S_NUM_REGIONS] -= 1
-    if chunks[h]["allocation_id"] == -1 and chunks[h]["bin"] != NO_HANDLE:
+    if field(chunks, h, "allocation_id") == -1 and field(chunks, h, "bin") != NO_HANDLE:
         remove_free(chunks, bins, h)
         insert_free(chunks, bins, regions, state, try_to_coalesce(chunks, bins, regions,
                                                                   state, h, HONOUR_TIMESTAMPS))
@@ -609,7 +629,7 @@ def join_regions(chunks, bins, regions, state, ra, rb):
 def free_head_end(chunks, regions, r):
     """Where region ``r``'s first chunk ends if it is free, binned and not
     waiting on a timing count, else the region's base."""
-    h = regions[r]["first"]
+    h = field(regions, r, "first")
     if not releasable(chunks, h):
-        return regions[r]["base"]
-    return chunks[h]["ptr"] + chunks[h]["size"]
+        return field(regions, r, "base")
+    return field(chunks, h, "ptr") + field(chunks, h, "size")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .chunks import (
     add_region,
+    add_separate_region,
     free_region_rows,
     free_tail_start,
     join_regions,
@@ -28,10 +29,17 @@ from .ptrmap import map_lookup, map_rehash
 
 
 @operation
-def add_region_op(state, ptr, size, coalesce, pool_bin):
+def add_region_op(state, ptr, size, pool_bin):
     """``chunks.add_region`` on the recorded tables."""
     chunks, bins, regions, _, _, st = table_views(state)
-    return add_region(chunks, bins, regions, st, ptr, size, coalesce, pool_bin)
+    return add_region(chunks, bins, regions, st, ptr, size, pool_bin)
+
+
+@operation
+def add_separate_region_op(state, ptr, size, pool_bin):
+    """``chunks.add_separate_region`` on the recorded tables."""
+    chunks, bins, regions, _, _, st = table_views(state)
+    return add_separate_region(chunks, bins, regions, st, ptr, size, pool_bin)
 
 
 @operation

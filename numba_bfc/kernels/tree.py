@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .fields import field, set_field
 from .jit import inner, njit
 from .layout import BIN_DTYPE, CHUNK_DTYPE, NO_HANDLE
 
@@ -26,13 +27,13 @@ def ordered_set(capacity):
     """A node table of ``capacity`` rows and a one-bin table holding its empty set.
 
     For ordered sets outside an allocator (the planner's pools): insert node
-    ``h`` under the key ``(k1, k2)`` by setting ``nodes[h]["size"] = k1`` and
-    ``nodes[h]["ptr"] = k2``, then ``tree_insert(nodes, pool, 0, h)``; the
-    root is ``pool[0]["root"]``.
+    ``h`` under the key ``(k1, k2)`` by setting its ``size`` to ``k1`` and its
+    ``ptr`` to ``k2``, then ``tree_insert(nodes, pool, 0, h)``; the root is
+    ``field(pool, 0, "root")``.
     """
     nodes = np.empty(max(capacity, 1), dtype=CHUNK_DTYPE)
     pool = np.zeros(1, dtype=BIN_DTYPE)
-    pool[0]["root"] = NO_HANDLE
+    set_field(pool, 0, "root", NO_HANDLE)
     return nodes, pool
 
 
@@ -48,71 +49,71 @@ def chunk_priority(ptr):
 
 @njit(cache=True, inline="always")
 def _key_less(chunks, a, b):
-    sa = chunks[a]["size"]
-    sb = chunks[b]["size"]
+    sa = field(chunks, a, "size")
+    sb = field(chunks, b, "size")
     if sa != sb:
         return sa < sb
-    return chunks[a]["ptr"] < chunks[b]["ptr"]
+    return field(chunks, a, "ptr") < field(chunks, b, "ptr")
 
 
 @inner
 def _rotate_up(chunks, bins, b, h):
     # Lift h above its parent p, keeping in-order sequence intact.
-    p = chunks[h]["parent"]
-    g = chunks[p]["parent"]
-    if chunks[p]["left"] == h:
-        child = chunks[h]["right"]
-        chunks[p]["left"] = child
+    p = field(chunks, h, "parent")
+    g = field(chunks, p, "parent")
+    if field(chunks, p, "left") == h:
+        child = field(chunks, h, "right")
+        set_field(chunks, p, "left", child)
         if child != NO_HANDLE:
-            chunks[child]["parent"] = p
-        chunks[h]["right"] = p
+            set_field(chunks, child, "parent", p)
+        set_field(chunks, h, "right", p)
     else:
-        child = chunks[h]["left"]
-        chunks[p]["right"] = child
+        child = field(chunks, h, "left")
+        set_field(chunks, p, "right", child)
         if child != NO_HANDLE:
-            chunks[child]["parent"] = p
-        chunks[h]["left"] = p
-    chunks[p]["parent"] = h
-    chunks[h]["parent"] = g
+            set_field(chunks, child, "parent", p)
+        set_field(chunks, h, "left", p)
+    set_field(chunks, p, "parent", h)
+    set_field(chunks, h, "parent", g)
     if g == NO_HANDLE:
-        bins[b]["root"] = h
-    elif chunks[g]["left"] == p:
-        chunks[g]["left"] = h
+        set_field(bins, b, "root", h)
+    elif field(chunks, g, "left") == p:
+        set_field(chunks, g, "left", h)
     else:
-        chunks[g]["right"] = h
+        set_field(chunks, g, "right", h)
 
 
 @inner
 def tree_insert(chunks, bins, b, h):
     """Insert free chunk ``h`` into bin ``b``'s ordered set."""
-    chunks[h]["left"] = NO_HANDLE
-    chunks[h]["right"] = NO_HANDLE
-    chunks[h]["priority"] = chunk_priority(chunks[h]["ptr"])
-    root = bins[b]["root"]
-    bins[b]["num_chunks"] += 1
-    bins[b]["total_bytes"] += chunks[h]["size"]
+    set_field(chunks, h, "left", NO_HANDLE)
+    set_field(chunks, h, "right", NO_HANDLE)
+    set_field(chunks, h, "priority", chunk_priority(field(chunks, h, "ptr")))
+    root = field(bins, b, "root")
+    set_field(bins, b, "num_chunks", field(bins, b, "num_chunks") + 1)
+    set_field(bins, b, "total_bytes", field(bins, b, "total_bytes") + field(chunks, h, "size"))
     if root == NO_HANDLE:
-        chunks[h]["parent"] = NO_HANDLE
-        bins[b]["root"] = h
+        set_field(chunks, h, "parent", NO_HANDLE)
+        set_field(bins, b, "root", h)
         return
     x = root
     while True:
         if _key_less(chunks, h, x):
-            nxt = chunks[x]["left"]
+            nxt = field(chunks, x, "left")
             if nxt == NO_HANDLE:
-                chunks[x]["left"] = h
+                set_field(chunks, x, "left", h)
                 break
         else:
-            nxt = chunks[x]["right"]
+            nxt = field(chunks, x, "right")
             if nxt == NO_HANDLE:
-                chunks[x]["right"] = h
+                set_field(chunks, x, "right", h)
                 break
         x = nxt
-    chunks[h]["parent"] = x
-    prio = chunks[h]["priority"]
+    set_field(chunks, h, "parent", x)
+    prio = field(chunks, h, "priority")
     while True:
-        p = chunks[h]["parent"]
-        if p == NO_HANDLE or chunks[p]["priority"] >= prio:
+        p = field(chunks, h, "parent")
+        if p == NO_HANDLE or field(chunks, p, "priority") >= prio:
             break
         _rotate_up(chunks, bins, b, h)
 
@@ -121,30 +122,30 @@ def tree_insert(chunks, bins, b, h):
 def tree_remove(chunks, bins, b, h):
     """Remove chunk ``h`` from bin ``b``'s ordered set."""
     # Rotate h down until it has at most one child, then splice it out.
-    while chunks[h]["left"] != NO_HANDLE and chunks[h]["right"] != NO_HANDLE:
-        lft = np.int64(chunks[h]["left"])
-        rgt = np.int64(chunks[h]["right"])
-        if chunks[lft]["priority"] > chunks[rgt]["priority"]:
+    while field(chunks, h, "left") != NO_HANDLE and field(chunks, h, "right") != NO_HANDLE:
+        lft = np.int64(field(chunks, h, "left"))
+        rgt = np.int64(field(chunks, h, "right"))
+        if field(chunks, lft, "priority") > field(chunks, rgt, "priority"):
             _rotate_up(chunks, bins, b, lft)
         else:
             _rotate_up(chunks, bins, b, rgt)
-    child = chunks[h]["left"]
+    child = field(chunks, h, "left")
     if child == NO_HANDLE:
-        child = chunks[h]["right"]
-    p = chunks[h]["parent"]
+        child = field(chunks, h, "right")
+    p = field(chunks, h, "parent")
     if child != NO_HANDLE:
-        chunks[child]["parent"] = p
+        set_field(chunks, child, "parent", p)
     if p == NO_HANDLE:
-        bins[b]["root"] = child
-    elif chunks[p]["left"] == h:
-        chunks[p]["left"] = child
+        set_field(bins, b, "root", child)
+    elif field(chunks, p, "left") == h:
+        set_field(chunks, p, "left", child)
     else:
-        chunks[p]["right"] = child
-    chunks[h]["left"] = NO_HANDLE
-    chunks[h]["right"] = NO_HANDLE
-    chunks[h]["parent"] = NO_HANDLE
-    bins[b]["num_chunks"] -= 1
-    bins[b]["total_bytes"] -= chunks[h]["size"]
+        set_field(chunks, p, "right", child)
+    set_field(chunks, h, "left", NO_HANDLE)
+    set_field(chunks, h, "right", NO_HANDLE)
+    set_field(chunks, h, "parent", NO_HANDLE)
+    set_field(bins, b, "num_chunks", field(bins, b, "num_chunks") - 1)
+    set_field(bins, b, "total_bytes", field(bins, b, "total_bytes") - field(chunks, h, "size"))
 
 
 @inner
@@ -153,27 +154,27 @@ def tree_lower_bound(chunks, root, size):
     best = NO_HANDLE
     x = root
     while x != NO_HANDLE:
-        if chunks[x]["size"] >= size:
+        if field(chunks, x, "size") >= size:
             best = x
-            x = chunks[x]["left"]
+            x = field(chunks, x, "left")
         else:
-            x = chunks[x]["right"]
+            x = field(chunks, x, "right")
     return best
 
 
 @inner
 def tree_successor(chunks, h):
     """Next chunk in ``(size, ptr)`` order after ``h`` in the same bin, or -1."""
-    x = chunks[h]["right"]
+    x = field(chunks, h, "right")
     if x != NO_HANDLE:
-        while chunks[x]["left"] != NO_HANDLE:
-            x = chunks[x]["left"]
+        while field(chunks, x, "left") != NO_HANDLE:
+            x = field(chunks, x, "left")
         return x
     x = h
-    p = chunks[x]["parent"]
-    while p != NO_HANDLE and chunks[p]["right"] == x:
+    p = field(chunks, x, "parent")
+    while p != NO_HANDLE and field(chunks, p, "right") == x:
         x = p
-        p = chunks[x]["parent"]
+        p = field(chunks, x, "parent")
     return p
 
 
@@ -185,15 +186,15 @@ def tree_max(chunks, root):
     x = root
     if x == NO_HANDLE:
         return x
-    while chunks[x]["right"] != NO_HANDLE:
-        x = chunks[x]["right"]
+    while field(chunks, x, "right") != NO_HANDLE:
+        x = field(chunks, x, "right")
     return x
 
 
 @njit(cache=True, inline="always")
 def _key_below(chunks, a, size, ptr):
-    sa = chunks[a]["size"]
-    return sa < size or (sa == size and chunks[a]["ptr"] < ptr)
+    sa = field(chunks, a, "size")
+    return sa < size or (sa == size and field(chunks, a, "ptr") < ptr)
 
 
 @njit(cache=True, inline="always")
@@ -205,11 +206,11 @@ def _key_bound(chunks, root, size, ptr, below):
         if _key_below(chunks, x, size, ptr):
             if below:
                 best = x
-            x = chunks[x]["right"]
+            x = field(chunks, x, "right")
         else:
             if not below:
                 best = x
-            x = chunks[x]["left"]
+            x = field(chunks, x, "left")
     return best
 
 
@@ -231,6 +232,6 @@ def tree_min(chunks, root):
     x = root
     if x == NO_HANDLE:
         return x
-    while chunks[x]["left"] != NO_HANDLE:
-        x = chunks[x]["left"]
+    while field(chunks, x, "left") != NO_HANDLE:
+        x = field(chunks, x, "left")
     return x

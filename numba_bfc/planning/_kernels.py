@@ -19,6 +19,7 @@ Three small data structures are shared by the strategies:
 
 import numpy as np
 
+from ..kernels.fields import field, set_field
 from ..kernels.jit import njit
 from ..kernels.tree import (
     ordered_set,
@@ -287,11 +288,11 @@ def equality_lowest_id(keys, firsts, lasts):
         while nh > 0 and h1[0] < firsts[i]:
             o = h2[0]
             nh = _heap_pop(h1, h2, nh)
-            nodes[o]["size"] = keys[creator[o]]
-            nodes[o]["ptr"] = o
+            set_field(nodes, o, "size", keys[creator[o]])
+            set_field(nodes, o, "ptr", o)
             tree_insert(nodes, pool, 0, o)
-        o = tree_key_lower_bound(nodes, pool[0]["root"], keys[i], 0)
-        if o == -1 or nodes[o]["size"] != keys[i]:
+        o = tree_key_lower_bound(nodes, field(pool, 0, "root"), keys[i], 0)
+        if o == -1 or field(nodes, o, "size") != keys[i]:
             o = nobj
             creator[o] = i
             nobj += 1
@@ -327,14 +328,14 @@ def greedy_in_order(sizes, firsts, lasts, g_indptr, g_idx, use_graph):
         while nh > 0 and h1[0] < firsts[i]:
             o = h2[0]
             nh = _heap_pop(h1, h2, nh)
-            nodes[o]["size"] = osize[o]
-            nodes[o]["ptr"] = o
+            set_field(nodes, o, "size", osize[o])
+            set_field(nodes, o, "ptr", o)
             tree_insert(nodes, pool, 0, o)
         best = -1
-        if pool[0]["root"] != -1:
+        if field(pool, 0, "root") != -1:
             if use_graph:
                 best_diff = INF
-                o = tree_min(nodes, pool[0]["root"])
+                o = tree_min(nodes, field(pool, 0, "root"))
                 while o != -1:
                     t = last_tensor[o]
                     row = g_idx[g_indptr[t] : g_indptr[t + 1]]
@@ -346,8 +347,8 @@ def greedy_in_order(sizes, firsts, lasts, g_indptr, g_idx, use_graph):
                             best = o
                     o = tree_successor(nodes, o)
             else:
-                a = tree_key_lower_bound(nodes, pool[0]["root"], s, 0)
-                b = tree_key_before(nodes, pool[0]["root"], s, 0)
+                a = tree_key_lower_bound(nodes, field(pool, 0, "root"), s, 0)
+                b = tree_key_before(nodes, field(pool, 0, "root"), s, 0)
                 best = a
                 if a == -1 or (b != -1 and s - osize[b] < osize[a] - s):
                     best = b
@@ -465,11 +466,11 @@ def greedy_by_breadth(sizes, firsts, lasts):
                             continue
                     elif cs < size or cs >= bs:
                         continue
-                nxt = tree_key_lower_bound(nodes, pool[0]["root"], o, firsts[r])
-                if nxt != -1 and nodes[nxt]["size"] == o and firsts[nxt] <= lasts[r]:
+                nxt = tree_key_lower_bound(nodes, field(pool, 0, "root"), o, firsts[r])
+                if nxt != -1 and field(nodes, nxt, "size") == o and firsts[nxt] <= lasts[r]:
                     continue
-                prv = tree_key_before(nodes, pool[0]["root"], o, firsts[r])
-                if prv != -1 and nodes[prv]["size"] == o and lasts[prv] >= firsts[r]:
+                prv = tree_key_before(nodes, field(pool, 0, "root"), o, firsts[r])
+                if prv != -1 and field(nodes, prv, "size") == o and lasts[prv] >= firsts[r]:
                     continue
                 best = o
             if best == nobj:
@@ -478,8 +479,8 @@ def greedy_by_breadth(sizes, firsts, lasts):
             else:
                 osize[best] = max(osize[best], size)
             ids[r] = best
-            nodes[r]["size"] = best
-            nodes[r]["ptr"] = firsts[r]
+            set_field(nodes, r, "size", best)
+            set_field(nodes, r, "ptr", firsts[r])
             tree_insert(nodes, pool, 0, r)
     return ids, osize[:nobj].copy()
 
@@ -945,14 +946,14 @@ def offsets_conflict(sizes, firsts, lasts, offsets):
             pl += 1
         if sizes[i] == 0:
             continue
-        nxt = tree_key_lower_bound(nodes, pool[0]["root"], offsets[i], i)
+        nxt = tree_key_lower_bound(nodes, field(pool, 0, "root"), offsets[i], i)
         if nxt != -1 and offsets[nxt] < offsets[i] + sizes[i]:
             return i, nxt
-        prv = tree_key_before(nodes, pool[0]["root"], offsets[i], i)
+        prv = tree_key_before(nodes, field(pool, 0, "root"), offsets[i], i)
         if prv != -1 and offsets[prv] + sizes[prv] > offsets[i]:
             return i, prv
-        nodes[i]["size"] = offsets[i]
-        nodes[i]["ptr"] = i
+        set_field(nodes, i, "size", offsets[i])
+        set_field(nodes, i, "ptr", i)
         tree_insert(nodes, pool, 0, i)
         inside[i] = True
     return -1, -1

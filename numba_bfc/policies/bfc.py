@@ -24,6 +24,7 @@ from ..kernels.chunks import (
     split_chunk,
     try_to_coalesce,
 )
+from ..kernels.fields import field, set_field
 from ..kernels.guard import may_proceed, table_views
 from ..kernels.jit import inner, njit, operation
 from ..kernels.layout import (
@@ -67,11 +68,11 @@ def fit_in_tree(chunks, root, rounded, alignment, quantum, freed_before):
     tagged later than ``freed_before``. Returns a handle or -1."""
     h = tree_lower_bound(chunks, root, rounded)
     while h != NO_HANDLE:
-        if freed_before > 0 and freed_before < chunks[h]["freed_at_count"]:
+        if freed_before > 0 and freed_before < field(chunks, h, "freed_at_count"):
             h = tree_successor(chunks, h)
             continue
-        pad = alignment_padding(chunks[h]["ptr"], alignment, quantum)
-        if chunks[h]["size"] >= rounded + pad:
+        pad = alignment_padding(field(chunks, h, "ptr"), alignment, quantum)
+        if field(chunks, h, "size") >= rounded + pad:
             return h
         h = tree_successor(chunks, h)
     return NO_HANDLE
@@ -85,9 +86,9 @@ def find_fit(chunks, bins, state, rounded, alignment, freed_before, first_bin, s
     """
     quantum = state[S_MIN_ALLOCATION]
     for b in range(first_bin, stop_bin):
-        if bins[b]["num_chunks"] == 0:
+        if field(bins, b, "num_chunks") == 0:
             continue
-        h = fit_in_tree(chunks, bins[b]["root"], rounded, alignment, quantum, freed_before)
+        h = fit_in_tree(chunks, field(bins, b, "root"), rounded, alignment, quantum, freed_before)
         if h != NO_HANDLE:
             return h
     return NO_HANDLE
@@ -107,24 +108,24 @@ def take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignm
     by the split rule, the remainder after it. Returns the address."""
     quantum = state[S_MIN_ALLOCATION]
     remove_free(chunks, bins, h)
-    pad = alignment_padding(chunks[h]["ptr"], alignment, quantum)
+    pad = alignment_padding(field(chunks, h, "ptr"), alignment, quantum)
     if pad > 0:
         # The unaligned prefix stays behind as a free chunk of its own.
         aligned = split_chunk(chunks, bins, regions, state, h, pad)
         insert_free(chunks, bins, regions, state, h)
         h = aligned
-    if should_split(chunks[h]["size"], rounded, state[S_MAX_INTERNAL_FRAGMENTATION]):
+    if should_split(field(chunks, h, "size"), rounded, state[S_MAX_INTERNAL_FRAGMENTATION]):
         insert_free(chunks, bins, regions, state,
                     split_chunk(chunks, bins, regions, state, h, rounded))
-    size = chunks[h]["size"]
-    chunks[h]["requested_size"] = num_bytes
-    chunks[h]["allocation_id"] = state[S_NEXT_ALLOCATION_ID]
+    size = field(chunks, h, "size")
+    set_field(chunks, h, "requested_size", num_bytes)
+    set_field(chunks, h, "allocation_id", state[S_NEXT_ALLOCATION_ID])
     state[S_NEXT_ALLOCATION_ID] += 1
     state[S_NUM_ALLOCS] += 1
     state[S_BYTES_IN_USE] += size
     state[S_PEAK_BYTES_IN_USE] = max(state[S_PEAK_BYTES_IN_USE], state[S_BYTES_IN_USE])
     state[S_LARGEST_ALLOC_SIZE] = max(state[S_LARGEST_ALLOC_SIZE], size)
-    ptr = chunks[h]["ptr"]
+    ptr = field(chunks, h, "ptr")
     map_insert(pmap, state, ptr, h)
     return ptr
 
@@ -176,9 +177,9 @@ def _mark_free(chunks, pmap, state, ptr, freed_at_count):
     h = map_remove(pmap, state, ptr)
     if h == NO_HANDLE:
         return NO_HANDLE
-    chunks[h]["allocation_id"] = -1
-    chunks[h]["freed_at_count"] = freed_at_count
-    state[S_BYTES_IN_USE] -= chunks[h]["size"]
+    set_field(chunks, h, "allocation_id", -1)
+    set_field(chunks, h, "freed_at_count", freed_at_count)
+    state[S_BYTES_IN_USE] -= field(chunks, h, "size")
     return h
 
 
@@ -190,7 +191,7 @@ def free_and_coalesce(chunks, bins, regions, pmap, state, ptr):
     h = _mark_free(chunks, pmap, state, ptr, UNTAGGED)
     if h == NO_HANDLE:
         return INVALID_POINTER, NO_HANDLE
-    size = chunks[h]["size"]
+    size = field(chunks, h, "size")
     h = try_to_coalesce(chunks, bins, regions, state, h, HONOUR_TIMESTAMPS)
     insert_free(chunks, bins, regions, state, h)
     return size, h
@@ -213,7 +214,7 @@ def bfc_deallocate_timestamped(chunks, bins, regions, pmap, state, tsq, ptr, cou
         return INVALID_POINTER
     insert_free(chunks, bins, regions, state, h)
     queue_timestamped(chunks, state, tsq, h)
-    return chunks[h]["size"]
+    return field(chunks, h, "size")
 
 
 @njit(cache=True, inline="always")

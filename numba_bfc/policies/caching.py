@@ -21,8 +21,8 @@ import numpy as np
 
 from ..kernels.chunks import (
     IGNORE_TIMESTAMPS,
-    SEPARATE_REGIONS,
-    add_region,
+    add_separate_region,
+    count_pool_bytes,
     floor_log2,
     insert_free,
     largest_free_chunk,
@@ -37,6 +37,7 @@ from ..kernels.chunks import (
     split_chunk,
     try_to_coalesce,
 )
+from ..kernels.fields import field, set_field
 from ..kernels.guard import may_proceed, table_views
 from ..kernels.jit import helper, inner, njit, operation
 from ..kernels.layout import (
@@ -52,7 +53,6 @@ from ..kernels.layout import (
     S_LARGEST_ALLOC_SIZE,
     S_NEXT_ALLOCATION_ID,
     S_NUM_REGIONS,
-    S_PEAK_POOL_BYTES,
     S_POOL_BYTES,
     STATE_SIZE,
     TABLES_BUSY,
@@ -213,22 +213,22 @@ def stat_update(state, stat, pool, delta):
 @njit(cache=True, inline="always")
 def is_split(chunks, h):
     """True if block ``h`` shares its segment with another block."""
-    return chunks[h]["prev"] != NO_HANDLE or chunks[h]["next"] != NO_HANDLE
+    return field(chunks, h, "prev") != NO_HANDLE or field(chunks, h, "next") != NO_HANDLE
 
 
 @njit(cache=True, inline="always")
 def is_expandable(chunks, regions, h):
     """True if block ``h`` lies in an expandable segment."""
-    return regions[chunks[h]["region"]]["page"] > 0
+    return field(regions, field(chunks, h, "region"), "page") > 0
 
 
 @inner
 def expandable_size(chunks, h):
     """What free block ``h`` can grow to: itself and the unmapped block after it."""
-    nxt = chunks[h]["next"]
-    if nxt != NO_HANDLE and chunks[nxt]["allocation_id"] == UNMAPPED:
-        return chunks[h]["size"] + chunks[nxt]["size"]
-    return chunks[h]["size"]
+    nxt = field(chunks, h, "next")
+    if nxt != NO_HANDLE and field(chunks, nxt, "allocation_id") == UNMAPPED:
+        return field(chunks, h, "size") + field(chunks, nxt, "size")
+    return field(chunks, h, "size")
 
 
 @inner
@@ -237,7 +237,7 @@ def get_free_block(chunks, bins, regions, state, pool, size):
     rejects it. Returns a handle or -1."""
     if state[C_GC_ACTIVE]:
         state[C_GC_CLOCK + pool] += 1
-    h = tree_lower_bound(chunks, bins[pool]["root"], size)
+    h = tree_lower_bound(chunks, field(bins, pool, "root"), size)
     if h == NO_HANDLE:
         return NO_HANDLE
     # An expandable block counts as what it can grow to: walk on while the next
@@ -247,7 +247,7 @@ def get_free_block(chunks, bins, regions, state, pool, size):
         if nxt == NO_HANDLE or expandable_size(chunks, nxt) >= expandable_size(chunks, h):
             break
         h = nxt
-    found = chunks[h]["size"]
+    found = field(chunks, h, "size")
     max_split = state[C_MAX_SPLIT_SIZE]
     # A normal request never takes an oversize block; an oversize request only
     # takes one that wastes less than the rounding allowance.
@@ -270,8 +270,8 @@ def caching_should_split(state, pool, block_size, size):
 @inner
 def pool_insert(chunks, bins, regions, state, h):
     """Put free block ``h`` into its pool, stamping the pool's GC clock on it."""
-    pool = regions[chunks[h]["region"]]["bin"]
-    chunks[h]["freed_at_count"] = state[C_GC_CLOCK + pool]
+    pool = field(regions, field(chunks, h, "region"), "bin")
+    set_field(chunks, h, "freed_at_count", state[C_GC_CLOCK + pool])
     insert_free(chunks, bins, regions, state, h)
 
 
@@ -281,13 +281,13 @@ def take_block(chunks, bins, regions, pmap, state, h, requested):
 
     The caller checked that rows and a pointer-map slot are available.
     """
-    pool = regions[chunks[h]["region"]]["bin"]
+    pool = field(regions, field(chunks, h, "region"), "bin")
     size = round_size(requested, state)
     remove_free(chunks, bins, h)
     already_split = is_split(chunks, h)
     # PyTorch leaves expandable blocks out of inactive_split.
     counted = not is_expandable(chunks, regions, h)
-    if caching_should_split(state, pool, chunks[h]["size"], size):
+    if caching_should_split(state, pool, field(chunks, h, "size"), size):
         rest = split_chunk(chunks, bins, regions, state, h, size)
         pool_insert(chunks, bins, regions, state, rest)
         if not counted:
@@ -295,14 +295,14 @@ def take_block(chunks, bins, regions, pmap, state, h, requested):
         elif already_split:
             stat_update(state, INACTIVE_SPLIT_BYTES, pool, -size)
         else:
-            stat_update(state, INACTIVE_SPLIT_BYTES, pool, chunks[rest]["size"])
+            stat_update(state, INACTIVE_SPLIT_BYTES, pool, field(chunks, rest, "size"))
             stat_update(state, INACTIVE_SPLIT, pool, UP)
     elif already_split and counted:
-        stat_update(state, INACTIVE_SPLIT_BYTES, pool, -chunks[h]["size"])
+        stat_update(state, INACTIVE_SPLIT_BYTES, pool, -field(chunks, h, "size"))
         stat_update(state, INACTIVE_SPLIT, pool, DOWN)
-    block = chunks[h]["size"]
-    chunks[h]["requested_size"] = requested
-    chunks[h]["allocation_id"] = state[S_NEXT_ALLOCATION_ID]
+    block = field(chunks, h, "size")
+    set_field(chunks, h, "requested_size", requested)
+    set_field(chunks, h, "allocation_id", state[S_NEXT_ALLOCATION_ID])
     state[S_NEXT_ALLOCATION_ID] += 1
     state[S_LARGEST_ALLOC_SIZE] = max(state[S_LARGEST_ALLOC_SIZE], block)
     stat_update(state, ALLOCATION, pool, UP)  # and ACTIVE (MIRRORED_STATS)
@@ -310,7 +310,7 @@ def take_block(chunks, bins, regions, pmap, state, h, requested):
     stat_update(state, REQUESTED_BYTES, pool, requested)
     if block >= state[C_MAX_SPLIT_SIZE]:
         stat_update(state, OVERSIZE_ALLOCATIONS, AGGREGATE_ONLY, UP)
-    ptr = chunks[h]["ptr"]
+    ptr = field(chunks, h, "ptr")
     map_insert(pmap, state, ptr, h)
     return ptr
 
@@ -339,7 +339,7 @@ def caching_allocate(chunks, bins, regions, pmap, state, requested):
             r = release_and_retry(chunks, bins, regions, state, size, pool)
         if r < 0:
             return r
-        h = regions[r]["first"]
+        h = field(regions, r, "first")
     return take_block(chunks, bins, regions, pmap, state, h, requested)
 
 
@@ -395,11 +395,11 @@ def over_lease_limit(state, alloc_size, released):
 def _released_before(regions, a, b):
     """PyTorch's release order of cached segments: the large pool first, then
     ``(size, address)``."""
-    if regions[a]["bin"] != regions[b]["bin"]:
-        return regions[a]["bin"] > regions[b]["bin"]
-    if regions[a]["size"] != regions[b]["size"]:
-        return regions[a]["size"] < regions[b]["size"]
-    return regions[a]["base"] < regions[b]["base"]
+    if field(regions, a, "bin") != field(regions, b, "bin"):
+        return field(regions, a, "bin") > field(regions, b, "bin")
+    if field(regions, a, "size") != field(regions, b, "size"):
+        return field(regions, a, "size") < field(regions, b, "size")
+    return field(regions, a, "base") < field(regions, b, "base")
 
 
 @njit(cache=True, inline="always")
@@ -415,7 +415,7 @@ def nothing_to_release(chunks, regions, state):
     if nothing_cached(state):
         return True
     for r in range(regions.shape[0]):
-        if regions[r]["size"] > 0 and not region_in_use(chunks, regions, r):
+        if field(regions, r, "size") > 0 and not region_in_use(chunks, regions, r):
             return False
     return True
 
@@ -453,10 +453,10 @@ def release_and_retry(chunks, bins, regions, state, size, pool):
     highest_end = np.int64(0)
     # Nothing cached (every failure of a replay past its prefill, often): no pass.
     for r in range(0 if nothing_cached(state) else regions.shape[0]):
-        if regions[r]["size"] <= 0:
+        if field(regions, r, "size") <= 0:
             continue
         if region_in_use(chunks, regions, r):
-            highest_end = max(highest_end, regions[r]["base"] + regions[r]["size"])
+            highest_end = max(highest_end, field(regions, r, "base") + field(regions, r, "size"))
             continue
         if n + 1 >= log_room:  # the frees and the new segment must fit in the log
             return NEED_ROWS if n + 2 <= LEASE_LOG_SIZE else NOT_FOUND
@@ -466,7 +466,7 @@ def release_and_retry(chunks, bins, regions, state, size, pool):
             j -= 1
         state[first + 2 * j] = r
         n += 1
-        released += regions[r]["size"]
+        released += field(regions, r, "size")
     if n > 0 and state[C_LEASE_RELEASES] == 0:
         return NOT_FOUND
     fails = over_lease_limit(state, alloc_size, released)
@@ -480,7 +480,7 @@ def release_and_retry(chunks, bins, regions, state, size, pool):
             return NOT_FOUND
     for k in range(n):
         row = state[first + 2 * k]
-        base = regions[row]["base"]
+        base = field(regions, row, "base")
         log_lease_entry(state, base,
                         -caching_release_segment(chunks, bins, regions, state, row))
     if n > 0:
@@ -497,7 +497,7 @@ def caching_allocate_from_segment(chunks, bins, regions, pmap, state, r, request
     """Serve ``requested`` bytes from the fresh segment in region row ``r``."""
     if not room_for_operation(pmap, state):
         return NEED_ROWS
-    return take_block(chunks, bins, regions, pmap, state, regions[r]["first"], requested)
+    return take_block(chunks, bins, regions, pmap, state, field(regions, r, "first"), requested)
 
 
 @inner
@@ -509,28 +509,28 @@ def caching_deallocate(chunks, bins, regions, pmap, state, ptr):
     h = map_remove(pmap, state, ptr)
     if h == NO_HANDLE:
         return INVALID_POINTER
-    pool = regions[chunks[h]["region"]]["bin"]
-    size = chunks[h]["size"]
-    requested = chunks[h]["requested_size"]
+    pool = field(regions, field(chunks, h, "region"), "bin")
+    size = field(chunks, h, "size")
+    requested = field(chunks, h, "requested_size")
     stat_update(state, ALLOCATION, pool, DOWN)  # and ACTIVE (MIRRORED_STATS)
     stat_update(state, ALLOCATED_BYTES, pool, -size)  # and ACTIVE_BYTES
     if size >= state[C_MAX_SPLIT_SIZE]:
         stat_update(state, OVERSIZE_ALLOCATIONS, AGGREGATE_ONLY, DOWN)
-    chunks[h]["allocation_id"] = -1
+    set_field(chunks, h, "allocation_id", -1)
     merged = 0
-    nxt = chunks[h]["next"]
-    prv = chunks[h]["prev"]
-    if nxt != NO_HANDLE and chunks[nxt]["allocation_id"] == -1:
+    nxt = field(chunks, h, "next")
+    prv = field(chunks, h, "prev")
+    if nxt != NO_HANDLE and field(chunks, nxt, "allocation_id") == -1:
         merged += 1
-    if prv != NO_HANDLE and chunks[prv]["allocation_id"] == -1:
+    if prv != NO_HANDLE and field(chunks, prv, "allocation_id") == -1:
         merged += 1
     # Timestamps are a BFC notion; the caching policy always merges.
     h = try_to_coalesce(chunks, bins, regions, state, h, IGNORE_TIMESTAMPS)
     net_blocks = -merged
-    net_bytes = size - chunks[h]["size"]
+    net_bytes = size - field(chunks, h, "size")
     if is_split(chunks, h):
         net_blocks += 1
-        net_bytes += chunks[h]["size"]
+        net_bytes += field(chunks, h, "size")
     pool_insert(chunks, bins, regions, state, h)
     if not is_expandable(chunks, regions, h):
         stat_update(state, INACTIVE_SPLIT, pool, net_blocks)
@@ -542,7 +542,7 @@ def caching_deallocate(chunks, bins, regions, pmap, state, ptr):
 @inner
 def caching_add_segment(chunks, bins, regions, state, ptr, size, pool):
     """Record a new segment from the backend; returns its region row or ``NEED_ROWS``."""
-    r = add_region(chunks, bins, regions, state, ptr, size, SEPARATE_REGIONS, pool)
+    r = add_separate_region(chunks, bins, regions, state, ptr, size, pool)
     if r < 0:
         return r
     stat_update(state, SEGMENT, pool, UP)
@@ -555,7 +555,7 @@ def caching_add_segment(chunks, bins, regions, state, ptr, size, pool):
 @inner
 def caching_release_segment(chunks, bins, regions, state, r):
     """Forget the (entirely free) segment in region row ``r``; returns its size."""
-    pool = regions[r]["bin"]
+    pool = field(regions, r, "bin")
     size = remove_region(chunks, bins, regions, state, r)
     stat_update(state, SEGMENT, pool, DOWN)
     stat_update(state, RESERVED_BYTES, pool, -size)
@@ -575,8 +575,8 @@ def caching_add_expandable(chunks, regions, state, base, size, pool, page):
     r, h = open_region(chunks, regions, state, base, size, pool)
     if r < 0:
         return NEED_ROWS
-    regions[r]["page"] = page
-    chunks[h]["allocation_id"] = UNMAPPED
+    set_field(regions, r, "page", page)
+    set_field(chunks, h, "allocation_id", UNMAPPED)
     return r
 
 
@@ -585,21 +585,21 @@ def find_expandable_block(chunks, regions, r, size):
     """PyTorch's ``find_expandable_block`` within expandable region ``r``: the first
     unmapped block (by address), or the free block right before it, that starts
     a run of free or unmapped blocks of at least ``size`` bytes; -1 if none."""
-    h = regions[r]["first"]
+    h = field(regions, r, "first")
     while h != NO_HANDLE:
-        if chunks[h]["allocation_id"] == UNMAPPED:
+        if field(chunks, h, "allocation_id") == UNMAPPED:
             c = h
-            prv = chunks[h]["prev"]
-            if prv != NO_HANDLE and chunks[prv]["allocation_id"] == -1:
+            prv = field(chunks, h, "prev")
+            if prv != NO_HANDLE and field(chunks, prv, "allocation_id") == -1:
                 c = prv
             room = 0
             b = c
-            while room < size and b != NO_HANDLE and chunks[b]["allocation_id"] < 0:
-                room += chunks[b]["size"]
-                b = chunks[b]["next"]
+            while room < size and b != NO_HANDLE and field(chunks, b, "allocation_id") < 0:
+                room += field(chunks, b, "size")
+                b = field(chunks, b, "next")
             if room >= size:
                 return c
-        h = chunks[h]["next"]
+        h = field(chunks, h, "next")
     return NO_HANDLE
 
 
@@ -611,16 +611,15 @@ def caching_map_block(chunks, bins, regions, state, h, nbytes):
     block's handle or ``NEED_ROWS`` (nothing changed)."""
     if state[S_FREE_ROWS] < 1:
         return NEED_ROWS
-    pool = regions[chunks[h]["region"]]["bin"]
-    if nbytes < chunks[h]["size"]:
+    pool = field(regions, field(chunks, h, "region"), "bin")
+    if nbytes < field(chunks, h, "size"):
         rest = split_chunk(chunks, bins, regions, state, h, nbytes)
-        chunks[rest]["allocation_id"] = UNMAPPED
-    chunks[h]["allocation_id"] = -1
+        set_field(chunks, rest, "allocation_id", UNMAPPED)
+    set_field(chunks, h, "allocation_id", -1)
     h = try_to_coalesce(chunks, bins, regions, state, h, IGNORE_TIMESTAMPS)
     pool_insert(chunks, bins, regions, state, h)
     stat_update(state, RESERVED_BYTES, pool, nbytes)
-    state[S_POOL_BYTES] += nbytes
-    state[S_PEAK_POOL_BYTES] = max(state[S_PEAK_POOL_BYTES], state[S_POOL_BYTES])
+    count_pool_bytes(state, nbytes)
     return h
 
 
@@ -632,22 +631,22 @@ def caching_unmap_block(chunks, bins, regions, state, h, start, nbytes):
     Returns the unmapped block's handle or ``NEED_ROWS`` (nothing changed)."""
     if state[S_FREE_ROWS] < 2:
         return NEED_ROWS
-    pool = regions[chunks[h]["region"]]["bin"]
+    pool = field(regions, field(chunks, h, "region"), "bin")
     remove_free(chunks, bins, h)
-    if start > chunks[h]["ptr"]:
-        middle = split_chunk(chunks, bins, regions, state, h, start - chunks[h]["ptr"])
+    if start > field(chunks, h, "ptr"):
+        middle = split_chunk(chunks, bins, regions, state, h, start - field(chunks, h, "ptr"))
         pool_insert(chunks, bins, regions, state, h)
         h = middle
-    if chunks[h]["size"] > nbytes:
+    if field(chunks, h, "size") > nbytes:
         after = split_chunk(chunks, bins, regions, state, h, nbytes)
         pool_insert(chunks, bins, regions, state, after)
-    chunks[h]["allocation_id"] = UNMAPPED
-    chunks[h]["freed_at_count"] = 0
-    nxt = chunks[h]["next"]
-    if nxt != NO_HANDLE and chunks[nxt]["allocation_id"] == UNMAPPED:
+    set_field(chunks, h, "allocation_id", UNMAPPED)
+    set_field(chunks, h, "freed_at_count", 0)
+    nxt = field(chunks, h, "next")
+    if nxt != NO_HANDLE and field(chunks, nxt, "allocation_id") == UNMAPPED:
         merge_chunks(chunks, regions, state, h, nxt)
-    prv = chunks[h]["prev"]
-    if prv != NO_HANDLE and chunks[prv]["allocation_id"] == UNMAPPED:
+    prv = field(chunks, h, "prev")
+    if prv != NO_HANDLE and field(chunks, prv, "allocation_id") == UNMAPPED:
         merge_chunks(chunks, regions, state, prv, h)
         h = prv
     stat_update(state, RESERVED_BYTES, pool, -nbytes)
@@ -658,12 +657,12 @@ def caching_unmap_block(chunks, bins, regions, state, h, start, nbytes):
 @inner
 def caching_release_expandable(chunks, regions, state, r):
     """PyTorch's ``release_expandable_segment``: forget region ``r``, one unmapped block."""
-    release_row(chunks, state, regions[r]["first"])
-    regions[r]["size"] = 0
-    regions[r]["first"] = NO_HANDLE
-    regions[r]["last"] = NO_HANDLE
-    regions[r]["bin"] = NO_HANDLE
-    regions[r]["page"] = 0
+    release_row(chunks, state, field(regions, r, "first"))
+    set_field(regions, r, "size", 0)
+    set_field(regions, r, "first", NO_HANDLE)
+    set_field(regions, r, "last", NO_HANDLE)
+    set_field(regions, r, "bin", NO_HANDLE)
+    set_field(regions, r, "page", 0)
     state[S_NUM_REGIONS] -= 1
 
 

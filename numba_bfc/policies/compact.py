@@ -25,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.chunks import (
-    JOIN_REGIONS,
     add_region,
     bin_for_size,
     free_head_end,
@@ -38,6 +37,7 @@ from ..kernels.chunks import (
     round_up,
     whole_pages,
 )
+from ..kernels.fields import field
 from ..kernels.guard import may_proceed, table_views
 from ..kernels.jit import inner, njit, operation
 from ..kernels.layout import (
@@ -349,7 +349,7 @@ def grow_at(chunks, bins, regions, state, space, ptr, size, end):
             return UNDECIDED
     if not placeable(state, space, ptr, size):
         return UNDECIDED
-    add_region(chunks, bins, regions, state, ptr, size, JOIN_REGIONS, space)
+    add_region(chunks, bins, regions, state, ptr, size, space)
     lease_take(state, at, ptr, size)
     record_growth(state, space, ptr, size)
     return GREW
@@ -361,7 +361,7 @@ def fill_hole(chunks, bins, regions, state, space, ptr, size):
     regions on both sides. Returns as ``grow_at``."""
     if not placeable(state, space, ptr, size):
         return UNDECIDED
-    add_region(chunks, bins, regions, state, ptr, size, JOIN_REGIONS, space)
+    add_region(chunks, bins, regions, state, ptr, size, space)
     state[S_LEASES + space * LEASE_SLOTS + LEASE_ROOM] -= size
     joined = join_at(chunks, bins, regions, state, ptr + size, space)
     if joined >= 0 and state[S_RELEASE_THRESHOLD] > 0:
@@ -418,18 +418,18 @@ def cheapest_fill(chunks, regions, space, need, quantum, room, best_size, best_p
     region below, the free head of the region above, or filling the hole and
     joining both), fewest bytes first, then the lowest address."""
     for a in range(regions.shape[0]):
-        if regions[a]["size"] <= 0 or regions[a]["bin"] != space:
+        if field(regions, a, "size") <= 0 or field(regions, a, "bin") != space:
             continue
-        a_end = regions[a]["base"] + regions[a]["size"]
+        a_end = field(regions, a, "base") + field(regions, a, "size")
         b = np.int64(NO_HANDLE)
         for r in range(regions.shape[0]):  # the region above: a space has few
-            if (regions[r]["size"] > 0 and regions[r]["bin"] == space
-                    and regions[r]["base"] >= a_end
-                    and (b < 0 or regions[r]["base"] < regions[b]["base"])):
+            if (field(regions, r, "size") > 0 and field(regions, r, "bin") == space
+                    and field(regions, r, "base") >= a_end
+                    and (b < 0 or field(regions, r, "base") < field(regions, b, "base"))):
                 b = r
         if b < 0:
             continue
-        b_base = regions[b]["base"]
+        b_base = field(regions, b, "base")
         hole = b_base - a_end
         if hole <= 0:
             continue
@@ -463,7 +463,7 @@ def join_at(chunks, bins, regions, state, seam, space):
     above = region_holding(regions, seam, _STARTING)
     below = region_holding(regions, seam - 1, _HOLDING)
     if (above < 0 or below < 0
-            or regions[above]["bin"] != space or regions[below]["bin"] != space):
+            or field(regions, above, "bin") != space or field(regions, below, "bin") != space):
         return -1
     join_regions(chunks, bins, regions, state, below, above)
     return below
@@ -490,10 +490,10 @@ def lease_release(chunks, bins, regions, state, rounded):
     first = S_LEASE_LOG + 3 * state[S_LEASE_PIECES]
     n = 0
     for r in range(regions.shape[0]):
-        if regions[r]["size"] <= 0:
+        if field(regions, r, "size") <= 0:
             continue
-        space = regions[r]["bin"]
-        h = regions[r]["first"]
+        space = field(regions, r, "bin")
+        h = field(regions, r, "first")
         while h != NO_HANDLE:
             if releasable(chunks, h):
                 lo, hi = whole_pages(chunks, h, state[S_QUANTA + space])
@@ -504,7 +504,7 @@ def lease_release(chunks, bins, regions, state, rounded):
                     state[first + 3 * n + 1] = lo
                     state[first + 3 * n + 2] = hi
                     n += 1
-            h = chunks[h]["next"]
+            h = field(chunks, h, "next")
     if n == 0:
         return NO_GROWTH
     if (n > regions.shape[0] - state[S_NUM_REGIONS]
@@ -547,8 +547,8 @@ def tail_release_due(chunks, regions, state, r):
     if threshold <= 0:
         return False
     start = free_tail_start(chunks, regions, r)
-    return (regions[r]["base"] + regions[r]["size"] - start >= threshold
-            and start <= regions[r]["last_piece"])
+    return (field(regions, r, "base") + field(regions, r, "size") - start >= threshold
+            and start <= field(regions, r, "last_piece"))
 
 
 @inner
@@ -562,12 +562,13 @@ def top_region_tail(chunks, regions, state, space):
     for r in range(regions.shape[0]):
         if unseen == 0:
             break
-        if regions[r]["size"] <= 0:
+        if field(regions, r, "size") <= 0:
             continue
         unseen -= 1
-        if regions[r]["bin"] == space and regions[r]["base"] + regions[r]["size"] > end:
+        region_end = field(regions, r, "base") + field(regions, r, "size")
+        if field(regions, r, "bin") == space and region_end > end:
             best = r
-            end = regions[r]["base"] + regions[r]["size"]
+            end = region_end
     if best < 0:
         return 0, 0
     return end, end - free_tail_start(chunks, regions, best)
@@ -580,7 +581,7 @@ def compact_deallocate(chunks, bins, regions, pmap, state, ptr):
     tail should go back to the backend."""
     size, h = free_and_coalesce(chunks, bins, regions, pmap, state, ptr)
     if h != NO_HANDLE:
-        r = np.int64(chunks[h]["region"])
+        r = np.int64(field(chunks, h, "region"))
         if tail_release_due(chunks, regions, state, r):
             state[S_RELEASE_DUE] = r + 1
     return size
