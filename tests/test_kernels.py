@@ -193,7 +193,7 @@ def test_bin_for_size_is_tf_formula(n):
     assert _bin_for_size(n, 256, 21) == expect
 
 
-# kernels.fields: one field of one row, as NumPy's table[row][name].
+# kernels.fields: one field of one row, as NumPy's table[row][name] for rows in range.
 _ROWS = np.dtype([("ptr", np.int64), ("bin", np.int32), ("flag", np.bool_), ("ratio", np.float64)])
 
 
@@ -227,7 +227,7 @@ def test_fields_read_and_write_as_numpy_indexing(n, data):
                            ("flag", st.booleans()),
                            ("ratio", st.floats(allow_nan=False))):
         src[name] = data.draw(st.lists(strategy, min_size=2 * n, max_size=2 * n))
-    rows = np.array(data.draw(st.lists(st.integers(-n, n - 1), min_size=1, max_size=3 * n)))
+    rows = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3 * n)))
     # Every other row: a view with a stride, not C-contiguous.
     for table in (src[:n].copy(), src[::2]):
         dst = np.zeros_like(table)
@@ -247,14 +247,14 @@ def test_fields_read_and_write_as_numpy_indexing(n, data):
 def test_set_field_converts_as_numpy_assignment(value):
     table = np.zeros(2, dtype=_ROWS)
     expected = table.copy()
-    _store_int64(table, np.int64(-1), np.int64(value))
+    _store_int64(table, np.int64(1), np.int64(value))
     with np.errstate(over="ignore"):
-        expected[-1]["bin"] = np.int64(value).astype(np.int32)
-    expected[-1]["ptr"] = value
+        expected[1]["bin"] = np.int64(value).astype(np.int32)
+    expected[1]["ptr"] = value
     assert table.tobytes() == expected.tobytes()
-    # From Python they are the plain expressions.
-    assert field(table, 1, "ptr") == value
-    set_field(table, 0, "ptr", 3)
+    # From Python they are the plain expressions (a negative row counts from the end).
+    assert field(table, -1, "ptr") == value
+    set_field(table, -2, "ptr", 3)
     assert table[0]["ptr"] == 3
 
 
@@ -281,13 +281,13 @@ def test_fields_check_bounds_under_numba_boundscheck(tmp_path):
         "write = njit(lambda t, r: set_field(t, r, 'ptr', 1))\n"
         "t = np.zeros(3, dtype=[('ptr', np.int64)])\n"
         "for f in (read, write):\n"
-        "    for r in (3, -4):\n"
+        "    for r in (3, -1):\n"
         "        try:\n"
         "            f(t, r)\n"
         "        except IndexError:\n"
         "            continue\n"
         "        raise SystemExit(f'row {r} passed')\n"
-        "assert read(t, -3) == 0 and t['ptr'].sum() == 0\n"
+        "assert read(t, 2) == 0 and t['ptr'].sum() == 0\n"
         "print('ok')\n"
     )
     env = {**__import__("os").environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}

@@ -234,6 +234,39 @@ def test_a_first_allocation_compiles_no_region_joining(tmp_path):
     assert set(then) - set(first) == {"add_region_op"}
 
 
+_ALL_POLICIES = r"""
+import json, random
+from numba_bfc.allocators import POLICIES
+from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.traces import replay
+from numba_bfc.traces.data import load_bundled
+out = {}
+trace = load_bundled("cnn_train")
+for name in ("bfc", "caching", "compact"):
+    a = POLICIES[name](VirtualSubAllocator(contiguous=True), memory_limit=1 << 28)
+    rng, live, got = random.Random(5), [], []
+    for _ in range(1500):
+        if live and rng.random() < 0.5:
+            a.deallocate_raw(live.pop(rng.randrange(len(live))))
+        else:
+            live.append(a.allocate_raw(rng.randint(1, 1 << 20)))
+            got.append(live[-1])
+    r = replay(trace, name, limit=int(1.25 * int(trace.live_bytes().max())))
+    out[name] = [got, r.ooms, r.peak_reserved_bytes, r.addresses.tolist()]
+print(json.dumps(out))
+"""
+
+
+def test_no_kernel_indexes_a_table_out_of_range(tmp_path):
+    """``kernels.fields`` trusts its rows (no negative-row adjustment, no bounds
+    check): with ``NUMBA_BOUNDSCHECK=1`` every row is checked, and random calls
+    and replays under every policy, to their slow paths, run as without."""
+    checked = json.loads(_run(_ALL_POLICIES, NUMBA_BOUNDSCHECK="1",
+                              NUMBA_CACHE_DIR=str(tmp_path)))  # not the unchecked kernels' cache
+    assert checked == json.loads(_run(_ALL_POLICIES))
+    assert checked["bfc"][1] and checked["caching"][1]  # out-of-memory paths ran
+
+
 def test_an_inline_only_helper_called_from_python_raises():
     """Without a Python entry point, Numba's dispatcher would call a null wrapper
     and crash the process; an inline-only helper raises instead."""

@@ -1,27 +1,34 @@
 """One field of one table row, read or written in one step.
 
 ``field(chunks, h, "size")`` is ``chunks[h]["size"]`` and
-``set_field(chunks, h, "size", n)`` is ``chunks[h]["size"] = n``, with the
-same results: a negative row counts from the end, as NumPy's does, and with
-``NUMBA_BOUNDSCHECK=1`` a row out of range raises ``IndexError``. From Python
-they are exactly those expressions:
+``set_field(chunks, h, "size", n)`` is ``chunks[h]["size"] = n``, for a row
+in range: ``0 <= row < len(table)``. From Python they are exactly those
+expressions:
 
 >>> import numpy as np
 >>> from numba_bfc.kernels.fields import field, set_field
 >>> table = np.zeros(3, dtype=[("ptr", np.int64), ("bin", np.int32)])
->>> set_field(table, -1, "bin", 7)
+>>> set_field(table, 2, "bin", 7)
 >>> int(field(table, 2, "bin"))
 7
 
-They exist for the cold start. In a kernel, Numba types ``chunks[h]``
-through each of its ``getitem`` typings, again when lowering it, and lowers
-it to a record view that LLVM then has to take apart. These are typed by one
-template and lowered to an address computation and one load or store: a
-first allocation compiles about 0.3 s sooner (``docs/performance.md``).
-They are registered with Numba's extension API (a typing template and a
-lowering) rather than written as ``@intrinsic``, whose every typing, cached
-or not, refreshes the target's registries (a quarter of a millisecond each,
-and type inference asks each call site several times).
+In a kernel the row must be in range. A negative row does not count from the
+end, as NumPy's does: a handle is never negative, and that adjustment sat on
+every step of every tree walk. As with Numba's own indexing, a row out of
+range is not checked, unless ``NUMBA_BOUNDSCHECK=1``: then it raises
+``IndexError``, a negative row included.
+
+Two reasons, measured in ``docs/performance.md``. The cold start: Numba
+types ``chunks[h]`` through each of its ``getitem`` typings, again when
+lowering it, and lowers it to a record view that LLVM then has to take
+apart; these are typed by one template each and lowered to an address and
+one load or store, as Numba addresses a record's field, and a first
+allocation compiles about 0.3 s sooner. And the kernels' speed: without the
+negative-row adjustment, replays run 10-14% faster. They are registered with
+Numba's extension API (a typing template and a lowering) rather than written
+as ``@intrinsic``, whose every typing, cached or not, refreshes the target's
+registries (a quarter of a millisecond each, and type inference asks each
+call site several times).
 
 They take a one-dimensional array of a structured dtype whose fields are
 numbers, an integer row, and the field's name as a string constant.
@@ -106,13 +113,9 @@ def _field_pointer(context, builder, signature, args):
     # (``make_array``) would store it in a stack slot first, which costs more
     # to compile than the rest of this.
     model = context.data_model_manager[table_type]
-    intp = context.get_value_type(types.intp)
     row = context.cast(builder, args[1], row_type, types.intp)
-    length = builder.extract_value(args[0], [model.get_field_position("shape"), 0])
-    if row_type.signed:
-        row = builder.select(builder.icmp_signed("<", row, intp(0)),
-                             builder.add(row, length), row)
     if context.enable_boundscheck:
+        length = builder.extract_value(args[0], [model.get_field_position("shape"), 0])
         cgutils.do_boundscheck(context, builder, row, length, 0)
     data = builder.extract_value(args[0], model.get_field_position("data"))
     # Addressed as Numba addresses ``table[row]`` and its fields (in-bounds
