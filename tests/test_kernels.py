@@ -294,3 +294,21 @@ def test_fields_check_bounds_under_numba_boundscheck(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.parametrize("bad", [0, -256, 384, 1000])
+def test_tables_round_to_a_power_of_two_only(bad):
+    # The kernels round with masks (kernels.chunks.round_up): any other rounding is refused.
+    with pytest.raises(ValueError, match="power of two"):
+        L.new_tables(21, bad)
+
+
+@pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 4095, 4096, 2**40 + 3])
+@pytest.mark.parametrize("quantum", [256, 512, 2 << 20])
+def test_round_up_and_bins_match_the_division_forms(n, quantum):
+    """The mask and logarithm forms of the kernels give what TF's divisions give."""
+    from numba_bfc.kernels.chunks import round_up, round_up_to_multiple
+
+    assert round_up(n, quantum) == round_up_to_multiple(n, quantum) == -(-n // quantum) * quantum
+    expected = min(20, (max(n, quantum) // quantum).bit_length() - 1)
+    assert _bin_for_size(np.int64(n), np.int64(quantum), np.int64(21)) == expected

@@ -182,7 +182,11 @@ ROWS_PER_OPERATION = 3
 def new_tables(num_bins: int, min_allocation: int, chunk_rows: int = 1024,
                map_slots: int = 2048, region_rows: int = 64, queue_slots: int = 64,
                state_size: int = STATE_SIZE):
-    """Fresh, empty tables: ``(chunks, bins, regions, pmap, state, tsq)``."""
+    """Fresh, empty tables: ``(chunks, bins, regions, pmap, state, tsq)``.
+    ``min_allocation``, the rounding of every chunk, is a power of two (the
+    kernels round with masks)."""
+    if min_allocation <= 0 or min_allocation & (min_allocation - 1):
+        raise ValueError(f"min_allocation must be a power of two, got {min_allocation}")
     chunks = np.zeros(chunk_rows, dtype=CHUNK_DTYPE)
     bins = np.zeros(num_bins, dtype=BIN_DTYPE)
     bins["root"] = NO_HANDLE

@@ -35,6 +35,7 @@ from ..kernels.chunks import (
     region_holding,
     releasable,
     round_up,
+    round_up_to_multiple,
     whole_pages,
 )
 from ..kernels.fields import field
@@ -251,7 +252,8 @@ def fails_for_certain(chunks, bins, regions, state, space, rounded, need):
         return False
     end, tail = top_region_tail(chunks, regions, state, space)
     quantum = state[S_QUANTA + space] if end != 0 else state[S_PAGE_SIZE]
-    if round_up(max(need - tail, 1), quantum) <= state[S_LEASE_LIMIT] - state[S_POOL_BYTES]:
+    growth = round_up_to_multiple(max(need - tail, 1), quantum)
+    if growth <= state[S_LEASE_LIMIT] - state[S_POOL_BYTES]:
         return False  # the growth may succeed
     return free_bytes(state) < page or largest_free_chunk(chunks, bins) < page
 
@@ -314,12 +316,12 @@ def growth_at_top(chunks, regions, state, space, need):
     pool = state[S_POOL_BYTES]
     room = state[S_LEASE_LIMIT] - pool
     if end != 0:  # pages mapped at the top (alloc_at; grow_at adds the headroom)
-        size = round_up(max(need - tail, 1), state[S_QUANTA + space])
+        size = round_up_to_multiple(max(need - tail, 1), state[S_QUANTA + space])
         return end, size if size <= room else _INT64_MAX, end
     if state[S_NUM_REGIONS] >= regions.shape[0]:  # a new region (alloc)
         return np.int64(-1), np.int64(0), end
     quantum = state[S_PAGE_SIZE]
-    size = max(round_up(max(need, 1), quantum), headroom(pool, room, quantum))
+    size = max(round_up_to_multiple(max(need, 1), quantum), headroom(pool, room, quantum))
     least = state[S_MIN_ALLOCATION]  # the alignment asked of the backend
     ptr, received = lease_next(state, S_LEASES + space * LEASE_SLOTS, size, least)
     if (size > room or ptr < 0 or received > room or ptr % least != 0
@@ -435,8 +437,8 @@ def cheapest_fill(chunks, regions, space, need, quantum, room, best_size, best_p
             continue
         below = a_end - free_tail_start(chunks, regions, a)
         above = free_head_end(chunks, regions, b) - b_base
-        left = round_up(max(need - below, 1), quantum)
-        right = round_up(max(need - above, 1), quantum)
+        left = round_up_to_multiple(max(need - below, 1), quantum)
+        right = round_up_to_multiple(max(need - above, 1), quantum)
         if left < hole:
             best_size, best_ptr = cheaper(left, a_end, room, best_size, best_ptr)
         if right < hole:
