@@ -24,7 +24,7 @@ lowering it, and lowers it to a record view that LLVM then has to take
 apart; these are typed by one template each and lowered to an address and
 one load or store, as Numba addresses a record's field, and a first
 allocation compiles about 0.3 s sooner. And the kernels' speed: without the
-negative-row adjustment, replays run 10-14% faster. They are registered with
+negative-row adjustment, replays run 7-18% faster. They are registered with
 Numba's extension API (a typing template and a lowering) rather than written
 as ``@intrinsic``, whose every typing, cached or not, refreshes the target's
 registries (a quarter of a millisecond each, and type inference asks each
