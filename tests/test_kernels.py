@@ -230,10 +230,10 @@ def test_fields_read_and_write_as_numpy_indexing(n, data):
     rows = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3 * n)))
     # Every other row: a view with a stride, not C-contiguous.
     for table in (src[:n].copy(), src[::2]):
-        dst = np.zeros_like(table)
+        dst = np.zeros(2 * n, dtype=_ROWS)[::2]  # written with a stride too
         out = np.zeros((rows.shape[0], 4))
         _copy_fields(table, dst, rows, out)
-        expected = np.zeros_like(table)
+        expected = np.zeros(n, dtype=_ROWS)
         for i, r in enumerate(rows):
             assert out[i, 0] == np.float64(table[r]["ptr"])
             assert out[i, 1] == table[r]["bin"]
@@ -310,5 +310,19 @@ def test_round_up_and_bins_match_the_division_forms(n, quantum):
     from numba_bfc.kernels.chunks import round_up, round_up_to_multiple
 
     assert round_up(n, quantum) == round_up_to_multiple(n, quantum) == -(-n // quantum) * quantum
+    # Compact's growth quanta (pages that are whole backend granules) need not be powers of two.
+    step = 3 * quantum
+    assert round_up_to_multiple(n, step) == -(-n // step) * step
     expected = min(20, (max(n, quantum) // quantum).bit_length() - 1)
     assert _bin_for_size(np.int64(n), np.int64(quantum), np.int64(21)) == expected
+
+
+def test_a_field_name_that_is_not_a_constant_is_a_typing_error():
+    from numba.core.errors import TypingError
+
+    @njit
+    def read(table, name):
+        return field(table, 0, name)
+
+    with pytest.raises(TypingError, match="field name must be a string constant"):
+        read(np.zeros(1, dtype=_ROWS), "ptr")

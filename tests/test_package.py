@@ -128,17 +128,19 @@ print(sum(round_up.stats.cache_hits.values()))
 
 def test_the_kernel_cache_is_dropped_when_any_kernel_source_changes(tmp_path):
     """Numba's cache checks only a function's own file; ours also the package's
-    other kernel sources, whose helpers and table layout a kernel compiles in."""
+    other kernel sources, whose helpers and table layout a kernel compiles in,
+    and NUMBA_BOUNDSCHECK, which Numba's own key leaves out."""
     import shutil
 
     pkg = tmp_path / "pkg"
     shutil.copytree(ROOT / "numba_bfc", pkg / "numba_bfc",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    env = {**os.environ, "PYTHONPATH": str(pkg), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_BOUNDSCHECK"}
+    env.update(PYTHONPATH=str(pkg), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
 
-    def cache_hits():
+    def cache_hits(**more):
         done = subprocess.run([sys.executable, "-c", _CACHE_PROBE], capture_output=True,
-                              text=True, env=env, cwd=tmp_path, timeout=300)
+                              text=True, env={**env, **more}, cwd=tmp_path, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         return int(done.stdout.split()[-1])
 
@@ -148,6 +150,9 @@ def test_the_kernel_cache_is_dropped_when_any_kernel_source_changes(tmp_path):
     layout.write_text(layout.read_text() + "\n# another file changed\n")
     assert cache_hits() == 0  # chunks.py is unchanged, but its cache is stale
     assert cache_hits() == 1
+    assert cache_hits(NUMBA_BOUNDSCHECK="1") == 0  # not the unchecked code
+    assert cache_hits(NUMBA_BOUNDSCHECK="1") == 1
+    assert cache_hits() == 0
 
 
 _INLINE_ONLY_SCENARIO = _RANDOM_CALLS + r"""
@@ -229,30 +234,56 @@ def test_a_first_allocation_compiles_no_region_joining(tmp_path):
     """The first region has nothing to join: a first allocation compiles the
     allocation kernel and the one that adds a region of its own, not the
     joining (and coalescing) code, which the second region compiles."""
-    first, then = json.loads(_run(_FIRST_ALLOCATION, NUMBA_CACHE_DIR=str(tmp_path)))
+    first, then = json.loads(_run(_FIRST_ALLOCATION, NUMBA_CACHE_DIR=str(tmp_path),
+                                  NUMBA_BFC_INLINE_ONLY="1"))
     assert first == ["add_separate_region_op", "bfc_allocate_op"]
     assert set(then) - set(first) == {"add_region_op"}
 
 
 _ALL_POLICIES = r"""
 import json, random
-from numba_bfc.allocators import POLICIES
+from numba_bfc import (BFCAllocator, CachingAllocator, CompactAllocator, OutOfMemoryError,
+                       SharedCounter)
 from numba_bfc.backends import VirtualSubAllocator
 from numba_bfc.traces import replay
 from numba_bfc.traces.data import load_bundled
-out = {}
-trace = load_bundled("cnn_train")
-for name in ("bfc", "caching", "compact"):
-    a = POLICIES[name](VirtualSubAllocator(contiguous=True), memory_limit=1 << 28)
-    rng, live, got = random.Random(5), [], []
-    for _ in range(1500):
+
+def churn(a, seed, counter=None, empty_cache=False):
+    # Random calls near a tight limit: out-of-memory paths, and what each policy adds.
+    rng, live, got, ooms = random.Random(seed), [], [], 0
+    for step in range(1500):
+        if counter is not None and step % 7 == 0:
+            a.set_safe_frontier(max(counter.get() - 3, 0))
+        if empty_cache and step % 97 == 0:
+            a.empty_cache()
         if live and rng.random() < 0.5:
             a.deallocate_raw(live.pop(rng.randrange(len(live))))
-        else:
-            live.append(a.allocate_raw(rng.randint(1, 1 << 20)))
+            continue
+        try:
+            live.append(a.allocate_raw(rng.choice([rng.randint(1, 4096),
+                                                   rng.randint(1, 3 << 20)])))
             got.append(live[-1])
-    r = replay(trace, name, limit=int(1.25 * int(trace.live_bytes().max())))
-    out[name] = [got, r.ooms, r.peak_reserved_bytes, r.addresses.tolist()]
+        except OutOfMemoryError:
+            ooms += 1
+    return [got, ooms]
+
+out = {}
+backend = lambda: VirtualSubAllocator(contiguous=True)
+bfc = BFCAllocator(backend(), memory_limit=24 << 20)
+bfc.set_timing_counter(counter := SharedCounter())  # timestamped frees and their merging
+out["bfc"] = churn(bfc, 1, counter=counter)
+caching = CachingAllocator(backend(), memory_limit=24 << 20, expandable_segments=True)
+out["caching"] = churn(caching, 2, empty_cache=True)  # expandable map and unmap
+for threshold in (0, 8 << 10):  # pages given back from the middle, and free tails
+    compact = CompactAllocator(backend(), memory_limit=24 << 20, page_size=4 << 10,
+                               release_threshold=threshold)
+    out[f"compact {threshold}"] = churn(compact, 3, empty_cache=True)
+trace = load_bundled("cnn_train")
+for factor in (1.05, 1.25):
+    limit = int(factor * int(trace.live_bytes().max()))
+    for name in ("bfc", "caching", "compact"):
+        r = replay(trace, name, limit=limit)
+        out[f"{name} {factor}"] = [r.ooms, r.peak_reserved_bytes, r.addresses.tolist()]
 print(json.dumps(out))
 """
 
@@ -260,11 +291,13 @@ print(json.dumps(out))
 def test_no_kernel_indexes_a_table_out_of_range(tmp_path):
     """``kernels.fields`` trusts its rows (no negative-row adjustment, no bounds
     check): with ``NUMBA_BOUNDSCHECK=1`` every row is checked, and random calls
-    and replays under every policy, to their slow paths, run as without."""
+    near a tight limit (timestamped frees, expandable segments, pages given back)
+    and replays at 1.05x and 1.25x the peak, under every policy, run as without."""
     checked = json.loads(_run(_ALL_POLICIES, NUMBA_BOUNDSCHECK="1",
-                              NUMBA_CACHE_DIR=str(tmp_path)))  # not the unchecked kernels' cache
-    assert checked == json.loads(_run(_ALL_POLICIES))
-    assert checked["bfc"][1] and checked["caching"][1]  # out-of-memory paths ran
+                              NUMBA_CACHE_DIR=str(tmp_path)))
+    assert checked == json.loads(_run(_ALL_POLICIES, NUMBA_BOUNDSCHECK="0"))
+    assert all(checked[name][1] for name in ("bfc", "caching", "compact 0", "compact 8192"))
+    assert all(checked[f"{name} 1.05"][0] for name in ("bfc", "caching", "compact"))
 
 
 def test_an_inline_only_helper_called_from_python_raises():

@@ -16,7 +16,8 @@ In a kernel the row must be in range. A negative row does not count from the
 end, as NumPy's does: a handle is never negative, and that adjustment sat on
 every step of every tree walk. As with Numba's own indexing, a row out of
 range is not checked, unless ``NUMBA_BOUNDSCHECK=1``: then it raises
-``IndexError``, a negative row included.
+``IndexError``, a negative row included (``kernels.jit`` keys the kernels'
+cache on that flag, so a cache filled without it serves no unchecked code).
 
 Two reasons, measured in ``docs/performance.md``. The cold start: Numba
 types ``chunks[h]`` through each of its ``getitem`` typings, again when
@@ -58,12 +59,15 @@ def set_field(table: Any, row: int, name: str, value: Any) -> None:
 
 def _field_type(table: Any, row: Any, name: Any) -> Any:
     """The Numba type of field ``name`` of ``table``'s rows, or ``None`` where
-    these types are not a 1-d structured array, an integer row and a literal
-    field name (Numba then tries the arguments without their literal values,
-    or reports no match)."""
+    these types are not a 1-d structured array and an integer row (Numba then
+    reports no match). A field name must be a string constant: Numba tries its
+    literal type first, and a string that is not one is a ``TypingError``."""
     if not (isinstance(table, types.Array) and table.ndim == 1
-            and isinstance(table.dtype, types.Record)
-            and isinstance(row, types.Integer) and isinstance(name, types.StringLiteral)):
+            and isinstance(table.dtype, types.Record) and isinstance(row, types.Integer)):
+        return None
+    if not isinstance(name, types.StringLiteral):
+        if isinstance(name, types.UnicodeType):  # tried after the literal, if there was one
+            raise TypingError("a field name must be a string constant")
         return None
     record = table.dtype
     if name.literal_value not in record.fields:

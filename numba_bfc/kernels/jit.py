@@ -25,7 +25,10 @@ Numba's cache on all the package's kernel sources, not only the function's
 own file. Numba checks only that file, yet a kernel inlines helpers from
 other files and builds its table views from ``layout``'s dtypes: after an
 edit there, or an upgrade that changed them, the cache would serve machine
-code built for the old layout.
+code built for the old layout. It keys the cache on ``NUMBA_BOUNDSCHECK``
+too, which Numba's key leaves out: the kernels' table rows are checked only
+under it (``kernels.fields``), and a cache filled without it would serve
+unchecked code.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from numba import njit as _numba_njit
+from numba.core import config
 
 from numba_bfc.kernels._inline_only import inline_only
 
@@ -66,11 +70,14 @@ def njit(**options: Any) -> Callable[[Callable], Any]:
         dispatcher = _numba_njit(**options)(fn)
         # Numba stores the stamp of the function's file in the cache index and
         # drops entries whose stamp differs; adding the digest drops them when
-        # any kernel source changed. Without these (private) attributes the
+        # any kernel source changed, and NUMBA_BOUNDSCHECK (which Numba's key
+        # leaves out) when it changed: a cache filled without it would serve
+        # unchecked code under it. Without these (private) attributes the
         # cache is Numba's own.
         cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
         if cache_file is not None and hasattr(cache_file, "_source_stamp"):
-            cache_file._source_stamp = (cache_file._source_stamp, kernel_sources_digest())
+            cache_file._source_stamp = (cache_file._source_stamp, kernel_sources_digest(),
+                                        config.BOUNDSCHECK)
         return dispatcher
 
     return decorate
