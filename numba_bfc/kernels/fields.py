@@ -28,7 +28,7 @@ allocation compiles about 0.3 s sooner. And the kernels' speed: without the
 negative-row adjustment, replays run 7-18% faster. They are registered with
 Numba's extension API (a typing template and a lowering) rather than written
 as ``@intrinsic``, whose every typing, cached or not, refreshes the target's
-registries (a quarter of a millisecond each, and type inference asks each
+registries (656 refreshes in a first allocation: type inference asks each
 call site several times).
 
 They take a one-dimensional array of a structured dtype whose fields are
@@ -57,11 +57,15 @@ def set_field(table: Any, row: int, name: str, value: Any) -> None:
     table[row][name] = value
 
 
-def _field_type(table: Any, row: Any, name: Any) -> Any:
-    """The Numba type of field ``name`` of ``table``'s rows, or ``None`` where
-    these types are not a 1-d structured array and an integer row (Numba then
+def _field_type(args: tuple, kws: dict, arity: int) -> Any:
+    """The Numba type of the field that ``args`` (``table, row, name, ...``)
+    name, or ``None`` where they are not ``arity`` positional arguments
+    starting with a 1-d structured array and an integer row (Numba then
     reports no match). A field name must be a string constant: Numba tries its
     literal type first, and a string that is not one is a ``TypingError``."""
+    if kws or len(args) != arity:
+        return None
+    table, row, name = args[:3]
     if not (isinstance(table, types.Array) and table.ndim == 1
             and isinstance(table.dtype, types.Record) and isinstance(row, types.Integer)):
         return None
@@ -83,12 +87,10 @@ class _FieldTyping(AbstractTemplate):
     prefer_literal = True
 
     def generic(self, args: tuple, kws: dict) -> Any:
-        if kws or len(args) != 3:
-            return None
-        table, row, name = args
-        field_type = _field_type(table, row, name)
+        field_type = _field_type(args, kws, 3)
         if field_type is None:
             return None
+        table, row, name = args
         return signature(field_type, table, types.unliteral(row), name)
 
 
@@ -97,12 +99,10 @@ class _SetFieldTyping(AbstractTemplate):
     prefer_literal = True
 
     def generic(self, args: tuple, kws: dict) -> Any:
-        if kws or len(args) != 4:
-            return None
-        table, row, name, value = args
-        field_type = _field_type(table, row, name)
+        field_type = _field_type(args, kws, 4)
         if field_type is None:
             return None
+        table, row, name, value = args
         if self.context.can_convert(value, field_type) is None:
             raise TypingError(
                 f"cannot store {value} in field {name.literal_value!r} ({field_type})")
