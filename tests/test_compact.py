@@ -481,8 +481,11 @@ def _compare(config, program):
 
 def _observe(a):
     backends = [b for b in (a.backend, a.small_backend) if b is not None]
+    # The spans the spaces have used and whether pages went back from the middle:
+    # a batch's lease log is recorded into them afterwards (``_settle_lease``).
     return (a.get_stats(), a._records().tolist(), a.regions(), list(a._pieces.items()),
-            [(b.num_allocs, b.num_frees, b.bytes_held, b.address_lease()) for b in backends])
+            [(b.num_allocs, b.num_frees, b.bytes_held, b.address_lease()) for b in backends],
+            list(a._hulls), a._punched)
 
 
 @settings(max_examples=150, deadline=None)

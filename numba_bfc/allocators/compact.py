@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from ..framework.validate import MAX_INT64
@@ -55,6 +57,11 @@ _TRIM_REGION = Kernel(trim_region_op)
 _PAGE_RUNS = Kernel(page_runs_op)
 _REGION_HOLDING = Kernel(region_holding_op)
 _SPACE_REGIONS = Kernel(space_regions_op)
+
+
+#: A space's lease slots where it has none: room -1, so nothing fits (alignment
+#: and granule 1: no division by 0).
+_NO_LEASE = (0, 0, 1, 1, -1, 0)
 
 
 class CompactAllocator(CompactGrowth, BFCAllocator):
@@ -150,43 +157,44 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         # Its out-of-memory path always gives back (BFC's garbage collection),
         # which the kernel's check takes into account.
         self._state[L.S_FAIL_LIMIT] = self.memory_limit
+        # S_QUIET_PAGE under the leases: the smallest growth quantum where every space remaps.
+        large_remaps, small_remaps = self._remapping
+        every_space_remaps = large_remaps and (self.small_backend is None or small_remaps)
+        self._quiet_page = (min(q for q, r in zip(self._quanta, self._remapping) if r)
+                            if every_space_remaps else 0)
 
     def _open_lease(self, fail_quietly: bool = False) -> None:
         # Only where _grow_for's growth is the kernel's: spaces that remap
-        # (compact_base._extend, _grow_in_place).
+        # (compact_base._extend, _grow_in_place). Once per batch call, and a
+        # fresh allocator's replay pays it whole: written for few Python steps.
         if self._timestamps_used:
             return
-        backends, (large_remaps, small_remaps) = self._space_backends, self._remapping
-        large, small = backends
-        leases = (large.address_lease() if large_remaps else None,
-                  small.address_lease() if small_remaps else None)
-        if leases == (None, None):
+        large, small = self._space_backends
+        large_remaps, small_remaps = self._remapping
+        large_lease = large.address_lease() if large_remaps else None
+        small_lease = small.address_lease() if small_remaps else None
+        if large_lease is None and small_lease is None:
             return
         st = self._state
         # The kernel may give pages back (and fill holes) where the backends hold
         # only the pieces and every space that remaps has a lease to follow.
-        sole = (sum(b.bytes_held for b in backends if b is not None) == st.item(L.S_POOL_BYTES)
-                and all(lease is not None
-                        for lease, remaps in zip(leases, self._remapping) if remaps))
-        inputs = (leases, self._hulls[0], self._hulls[1], self.memory_limit, fail_quietly,
-                  self._punched, sole)
+        held = large.bytes_held if small is None else large.bytes_held + small.bytes_held
+        sole = (held == st.item(L.S_POOL_BYTES) and (large_lease is not None or not large_remaps)
+                and (small_lease is not None or not small_remaps))
+        (large_lo, large_hi), (small_lo, small_hi) = self._hulls
+        inputs = (large_lease, small_lease, large_lo, large_hi, small_lo, small_hi,
+                  self.memory_limit, fail_quietly, self._punched, sole)
         if inputs != self._lease_inputs:  # else the slots still hold them
             self._lease_inputs = inputs
             st[S_FAIL_QUIETLY] = fail_quietly
-            every_space_remaps = large_remaps and (small is None or small_remaps)
-            st[S_QUIET_PAGE] = min(q for q, r in zip(self._quanta, self._remapping) if r) \
-                if every_space_remaps else 0
+            st[S_QUIET_PAGE] = self._quiet_page
             st[S_PUNCHED] = self._punched
             st[S_SOLE_HOLDER] = sole
             # The slots S_LEASE_LIMIT .. S_LEASE_PIECES - 1, in order, at once.
-            slots = [self.memory_limit, *self._quanta]
-            for lo, hi in self._hulls:
-                slots += (min(lo, MAX_INT64), hi)
-            slots.append(self.page_size)
-            for lease in leases:
-                # No lease: room -1, nothing fits (alignment and granule 1: no division by 0).
-                slots += (0, 0, 1, 1, -1, 0) if lease is None else lease
-            st[S_LEASE_LIMIT:S_LEASE_PIECES] = slots
+            st[S_LEASE_LIMIT:S_LEASE_PIECES] = (
+                self.memory_limit, *self._quanta, min(large_lo, MAX_INT64), large_hi,
+                min(small_lo, MAX_INT64), small_hi, self.page_size,
+                *(large_lease or _NO_LEASE), *(small_lease or _NO_LEASE))
         st[S_LEASE_ON] = 1
 
     def _close_lease(self) -> int:
@@ -205,22 +213,35 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         the batch's failures stay counted for the batch."""
         st = self._state
         st[S_LEASE_ON] = 0
-        made = int(st[S_LEASE_PIECES])
+        made = st.item(S_LEASE_PIECES)
         if not made:
             return
         st[S_LEASE_PIECES] = 0
         self._lease_inputs = None  # the slots moved on: write them afresh
-        log = st[S_LEASE_LOG:S_LEASE_LOG + 3 * made].reshape(made, 3).tolist()
-        for space, backend in enumerate(self._space_backends):
-            entries = [(ptr, size) for s, ptr, size in log if s == space]
-            if not entries:
-                continue
-            bases, sizes = [ptr for ptr, _ in entries], [size for _, size in entries]
-            backend.record_leased(bases, sizes)
-            self._log_pieces(space, bases, sizes)
-            self._widen_hull(space, [(ptr, size) for ptr, size in entries if size > 0])
-            if min(sizes) < 0:
-                self._punched = True
+        log = st[S_LEASE_LOG:S_LEASE_LOG + 3 * made].tolist()
+        spaces = log[0::3]
+        if spaces.count(spaces[0]) == made:  # one space: the usual batch
+            self._record_leased(spaces[0], log[1::3], log[2::3])
+            return
+        for space in range(NUM_SPACES):
+            entries = range(0, 3 * made, 3)
+            bases = [log[i + 1] for i in entries if log[i] == space]
+            if bases:
+                self._record_leased(space, bases, [log[i + 2] for i in entries if log[i] == space])
+
+    def _record_leased(self, space: int, bases: list[int], sizes: list[int]) -> None:
+        """Record a space's entries of the leases' log: on its backend, in the
+        pieces (when next read) and in the span it has used."""
+        self._space_backends[space].record_leased(bases, sizes)
+        self._log_pieces(space, bases, sizes)
+        if min(sizes) < 0:
+            self._punched = True
+            placed = [(ptr, size) for ptr, size in zip(bases, sizes) if size > 0]
+            if not placed:
+                return
+            bases, sizes = [ptr for ptr, _ in placed], [size for _, size in placed]
+        lo, hi = self._hulls[space]
+        self._hulls[space] = (min(lo, min(bases)), max(hi, max(map(operator.add, bases, sizes))))
 
     def _allocate_slow(self, n: int, alignment: int, freed_before: int,
                        extended: bool = False) -> int:
@@ -264,13 +285,6 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
                                 & (regions["size"] > 0)).tolist():
             end = int(regions[r]["base"] + regions[r]["size"])
             regions[r]["last_piece"] = pieces.peekitem(pieces.bisect_left(end) - 1)[0]
-
-    def _widen_hull(self, space: int, pieces: list[tuple[int, int]]) -> None:
-        """Take ``(ptr, size)`` pieces placed into the span ``space`` has used."""
-        if pieces:
-            lo, hi = self._hulls[space]
-            self._hulls[space] = (min(lo, min(p for p, _ in pieces)),
-                                  max(hi, max(p + n for p, n in pieces)))
 
     def _serve_after_release(self, n: int, alignment: int) -> int:
         """The slow path after the kernel gave pages back (``RELEASED_NOT_FOUND``,
