@@ -14,6 +14,7 @@ from numba_bfc.kernels.chunks import bin_for_size, insert_free, new_row, remove_
 from numba_bfc.kernels.fields import field, set_field
 from numba_bfc.kernels.ptrmap import map_insert, map_lookup, map_rehash, map_remove
 from numba_bfc.kernels.tree import (
+    chunk_priority,
     ordered_set,
     tree_insert,
     tree_key_before,
@@ -24,6 +25,7 @@ from numba_bfc.kernels.tree import (
     tree_remove,
     tree_successor,
 )
+from numba_bfc.testing.invariants import _check_tree
 
 
 # The helpers have no Python entry point (kernels.jit.inner): the tests below
@@ -59,7 +61,7 @@ def test_treap_matches_sorted_list(seed):
     chunks, bins, regions, pmap, state, tsq = L.new_tables(1, 256, chunk_rows=4096)
     model = SortedList()
     handles = {}
-    for _ in range(3000):
+    for step in range(3000):
         if handles and rng.random() < 0.45:
             key = rng.choice(list(handles))
             _remove_free(chunks, bins, handles.pop(key))
@@ -75,6 +77,10 @@ def test_treap_matches_sorted_list(seed):
             handles[(size, ptr)] = h
             model.add((size, ptr))
         assert bins[0]["num_chunks"] == len(model)
+        if step % 100 == 0:  # links, heap order on the address hashes, key order
+            assert len(_check_tree(chunks, bins, 0)) == len(model)
+            assert all(chunks[h]["priority"] == chunk_priority(ptr)
+                       for (_, ptr), h in handles.items())
     assert _in_order(chunks, bins, 0) == list(model)
     for want in range(0, 256 * 10, 256):
         h = _tree_lower_bound(chunks, bins[0]["root"], want)

@@ -98,9 +98,11 @@ class CachingAllocator(TableStore, CachingBase):
                          garbage_collection_threshold, name, memory_fraction=memory_fraction,
                          max_non_split_rounding=max_non_split_rounding,
                          expandable_segments=expandable_segments)
-        self._adopt_tables(L.new_tables(C.NUM_POOLS, C.MIN_BLOCK_SIZE,
+        self._adopt_tables(L.new_tables(C.NUM_POOLS * C.POOL_BINS, C.MIN_BLOCK_SIZE,
                                         state_size=C.CACHING_STATE_SIZE))
+        self._bins["bin_size"] = np.tile(C.MIN_BLOCK_SIZE << np.arange(C.POOL_BINS), C.NUM_POOLS)
         st = self._state
+        st[L.S_SPACE_BINS] = C.POOL_BINS
         st[C.C_MAX_SPLIT_SIZE] = self.max_split_size
         st[C.C_MAX_NON_SPLIT_ROUNDING] = self.max_non_split_rounding
         st[C.C_GC_ACTIVE] = int(self._gc_enabled)
@@ -314,7 +316,9 @@ class CachingAllocator(TableStore, CachingBase):
 
     def _free_blocks(self, pool: int) -> np.ndarray:
         ch = self._chunks
-        rows = ch[(ch["size"] > 0) & (ch["allocation_id"] == -1) & (ch["bin"] == pool)]
+        # A free block's bin is one of its pool's size bins (POOL_BINS each).
+        rows = ch[(ch["size"] > 0) & (ch["allocation_id"] == -1)
+                  & (ch["bin"] // C.POOL_BINS == pool)]
         rows = rows[np.lexsort((rows["ptr"], rows["size"]))]
         out = np.zeros(rows.shape[0], dtype=FREE_BLOCK_DTYPE)
         out["size"] = rows["size"]

@@ -120,12 +120,13 @@ def release_row(chunks, state, h):
 
 @inner
 def insert_free(chunks, bins, regions, state, h):
-    """Put free chunk ``h`` into the bin for its size, or its region's bin, or
-    the bin for its size in its region's space (``S_SPACE_BINS``)."""
+    """Put free chunk ``h`` into the bin for its size, or where its region has
+    a space (the compact policy's spaces, the caching policy's pools), into
+    the bin for its size among that space's ``S_SPACE_BINS``."""
     b = field(regions, field(chunks, h, "region"), "bin")
     if b == NO_HANDLE:
         b = bin_for_size(field(chunks, h, "size"), state[S_MIN_ALLOCATION], state[S_NUM_BINS])
-    elif state[S_SPACE_BINS] > 0:
+    else:
         per_space = state[S_SPACE_BINS]
         size_bin = bin_for_size(field(chunks, h, "size"), state[S_MIN_ALLOCATION], per_space)
         b = b * per_space + size_bin
@@ -244,8 +245,8 @@ def count_pool_bytes(state, size):
 @inner
 def add_separate_region(chunks, bins, regions, state, ptr, size, pool_bin):
     """Add backend memory ``[ptr, ptr+size)`` as a region of its own, one free
-    chunk (TF's ``Extend`` tail). ``pool_bin`` is the region's fixed bin, or
-    -1 to bin chunks by size. Returns the region row, or ``NEED_ROWS``
+    chunk (TF's ``Extend`` tail). ``pool_bin`` is the region's space (of
+    ``S_SPACE_BINS`` size bins), or -1 for BFC's bins. Returns the region row, or ``NEED_ROWS``
     (nothing changed) when a table is full.
 
     The chunk has no neighbour to coalesce with, so this compiles none of

@@ -23,18 +23,17 @@ Unused rows are chained through ``next`` into a free-handle list.
                    tell a recycled row from the chunk they meant
 =================  ======================================================
 
-Bin table (``BIN_DTYPE``), one row per size class (per space and size class
-with ``S_SPACE_BINS``, per pool for the caching policy): ``bin_size`` (smallest size
+Bin table (``BIN_DTYPE``), one row per size class (per space, or per pool of
+the caching policy, and size class with ``S_SPACE_BINS``): ``bin_size`` (smallest size
 the bin holds), ``root`` (root handle of its ordered free set, -1 if empty),
 ``num_chunks`` and ``total_bytes`` of the free chunks in it.
 
 Region table (``REGION_DTYPE``), one row per backend region (``size == 0``
 marks an unused row): ``base``, ``size``, ``first`` and ``last`` chunk handles,
 ``bin``: -1 when free chunks go to the bin for their size (BFC), else the
-one bin every free chunk of the region goes to (the caching policy's pools,
-where a block's pool is fixed by its segment, not by its size), or with
-``S_SPACE_BINS`` the region's space, whose size bins its free chunks go to
-(the compact policy), and
+region's space (the compact policy) or pool (the caching policy, where a
+block's pool is fixed by its segment, not by its size), whose
+``S_SPACE_BINS`` size bins its free chunks go to, and
 ``last_piece``: where the newest backend allocation merged into the region
 starts (the compact policy can give back only whole backend allocations;
 ``UNKNOWN_PIECE`` where a kernel that gave pages back from the region's
@@ -137,9 +136,9 @@ S_NUM_REGIONS = 16
 S_NUM_BINS = 17
 S_TSQ_ADDR = 18  # data address of the timestamped-chunk queue (see S_LOCK_DEPTH)
 S_TSQ_SLOTS = 19
-# 0: a region's fixed bin (if any) is its free chunks' bin (a caching pool).
-# N > 0: it is a space of N size bins (the compact policy's): a free chunk of it
-# goes to bin ``space * N + bin_for_size(size)``.
+# N: a region's ``bin``, if not -1, is its space (the compact policy's spaces,
+# the caching policy's pools) of N size bins: a free chunk of it goes to bin
+# ``space * N + bin_for_size(size)``.
 S_SPACE_BINS = 20
 # Lock-free calls (``kernels.guard``): the façade's lock depth, and where the
 # current tables are, so a kernel given only ``state`` can see them.

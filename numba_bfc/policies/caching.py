@@ -1,12 +1,15 @@
 """PyTorch's CUDA caching-allocator policy, over the same tables and kernels as BFC.
 
 The tables are BFC's: regions are PyTorch's segments (one backend allocation
-each, never coalesced), and the bin table has two rows, the small and the large
-pool. A region's ``bin`` fixes the pool of every block in it, and each pool is
-one treap ordered by ``(size, address)``, PyTorch's ``BlockComparatorSize``
-for a single stream. Split, merge, lookup and the pointer map are the shared
-kernels; this module adds PyTorch's size rounding, the oversize rules of
-``get_free_block``, ``should_split``, and the bookkeeping of its statistics.
+each, never coalesced), and a region's ``bin`` fixes the pool of every block
+in it, small or large. Each pool is ordered by ``(size, address)``, PyTorch's
+``BlockComparatorSize`` for a single stream, as size bins of treaps
+(``POOL_BINS`` per pool, as the compact policy's spaces): a walk of the pool's
+bins from a size's up visits its blocks in that order (``pool_lower_bound``,
+``pool_successor``), and each tree holds only the blocks of one power of two.
+Split, merge, lookup and the pointer map are the shared kernels; this module
+adds PyTorch's size rounding, the oversize rules of ``get_free_block``,
+``should_split``, and the bookkeeping of its statistics.
 
 Policy parameters and statistics live in the state array past the slots every
 policy shares (``C_*`` below), so the kernels take the same five tables as BFC.
@@ -22,6 +25,7 @@ import numpy as np
 from ..kernels.chunks import (
     IGNORE_TIMESTAMPS,
     add_separate_region,
+    bin_for_size,
     count_pool_bytes,
     floor_log2,
     insert_free,
@@ -54,6 +58,7 @@ from ..kernels.layout import (
     S_NEXT_ALLOCATION_ID,
     S_NUM_REGIONS,
     S_POOL_BYTES,
+    S_SPACE_BINS,
     STATE_SIZE,
     TABLES_BUSY,
     UNMAPPED,
@@ -66,7 +71,7 @@ from ..kernels.lease import (
     lease_take,
 )
 from ..kernels.ptrmap import map_insert, map_remove
-from ..kernels.tree import tree_lower_bound, tree_successor
+from ..kernels.tree import tree_lower_bound, tree_min, tree_successor
 
 # PyTorch's constants (c10/cuda/CUDACachingAllocator.cpp).
 MIN_BLOCK_SIZE = 512  # kMinBlockSize: every size is a multiple
@@ -77,9 +82,15 @@ MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc: from here, segments are rounded to
 ROUND_LARGE = 2 << 20  # kRoundLarge
 ROUNDUP_INTERVALS = 16  # kRoundUpPowerOfTwoIntervals: 1 MiB .. 64 GiB
 
-SMALL_POOL = 0  # bin rows
+SMALL_POOL = 0  # a region's ``bin``: its pool
 LARGE_POOL = 1
 NUM_POOLS = 2
+#: Size bins per pool (``S_SPACE_BINS``), from 512 bytes, one per power of two,
+#: the last from 4 GiB up: a pool's free blocks are kept in the tree of their
+#: size's bin, so each tree is smaller than one per pool, and the best fit is
+#: the same (``pool_lower_bound``). Bin ``pool * POOL_BINS + k`` holds sizes in
+#: ``[512 << k, 512 << (k + 1))``.
+POOL_BINS = 24
 
 # Statistics (PyTorch's DeviceStats), each a StatArray over [all, small, large]
 # of [current, peak, allocated, freed]; the two oversize stats use "all" only.
@@ -237,13 +248,13 @@ def get_free_block(chunks, bins, regions, state, pool, size):
     rejects it. Returns a handle or -1."""
     if state[C_GC_ACTIVE]:
         state[C_GC_CLOCK + pool] += 1
-    h = tree_lower_bound(chunks, field(bins, pool, "root"), size)
+    h = pool_lower_bound(chunks, bins, state, pool, size)
     if h == NO_HANDLE:
         return NO_HANDLE
     # An expandable block counts as what it can grow to: walk on while the next
     # block in (size, address) order could grow to less (PyTorch's local walk).
     while is_expandable(chunks, regions, h):
-        nxt = np.int64(tree_successor(chunks, h))  # one type for h: one compile
+        nxt = pool_successor(chunks, bins, state, h)
         if nxt == NO_HANDLE or expandable_size(chunks, nxt) >= expandable_size(chunks, h):
             break
         h = nxt
@@ -256,6 +267,36 @@ def get_free_block(chunks, bins, regions, state, pool, size):
     if size >= max_split and found >= size + state[C_MAX_NON_SPLIT_ROUNDING]:
         return NO_HANDLE
     return h
+
+
+@inner
+def pool_lower_bound(chunks, bins, state, pool, size):
+    """The first free block of ``pool`` in ``(size, address)`` order with at
+    least ``size`` bytes (PyTorch's ``pool.blocks.lower_bound``), or -1: the
+    first found in the pool's bins from ``size``'s up."""
+    per_pool = state[S_SPACE_BINS]
+    first = pool * per_pool + bin_for_size(size, MIN_BLOCK_SIZE, per_pool)
+    for b in range(first, (pool + 1) * per_pool):
+        if field(bins, b, "num_chunks") > 0:
+            h = tree_lower_bound(chunks, field(bins, b, "root"), size)
+            if h != NO_HANDLE:
+                return h
+    return NO_HANDLE
+
+
+@inner
+def pool_successor(chunks, bins, state, h):
+    """The next free block after ``h`` in its pool's ``(size, address)``
+    order, or -1: in its bin's tree, else the first of the next bin with any."""
+    nxt = np.int64(tree_successor(chunks, h))
+    if nxt != NO_HANDLE:
+        return nxt
+    b = np.int64(field(chunks, h, "bin"))
+    per_pool = state[S_SPACE_BINS]
+    for later in range(b + 1, (b // per_pool + 1) * per_pool):
+        if field(bins, later, "num_chunks") > 0:
+            return np.int64(tree_min(chunks, field(bins, later, "root")))
+    return nxt
 
 
 @njit(cache=True, inline="always")
