@@ -155,6 +155,19 @@ def test_best_fit_counts_what_an_expandable_block_can_grow_to(make):
     check_invariants(a)
 
 
+def test_the_walk_past_expandable_blocks_goes_on_into_the_next_size_bin(make):
+    # As above, with the block after the tail in size order a power of two
+    # larger: in the next of the pool's size bins (CachingAllocator's POOL_BINS).
+    a = make()
+    x = a.allocate_raw(17 * MIB)  # [0, 17)
+    a.allocate_raw(2 * MIB)  # [17, 19)
+    a.allocate_raw(11 * MIB)  # [19, 30): [30, 40) free before unmapped space
+    a.deallocate_raw(x)
+    assert a.allocate_raw(10 * MIB) == x
+    assert a.allocate_raw(10 * MIB) == x + 30 * MIB
+    check_invariants(a)
+
+
 def test_address_space_is_reserved_per_pool_and_fits_the_backend_range(make):
     backend = HostSubAllocator(capacity=512 * MIB, contiguous=True)  # 1 GiB of addresses
     a = make(backend=backend)

@@ -10,7 +10,13 @@ from numba import njit
 from sortedcontainers import SortedList
 
 from numba_bfc.kernels import layout as L
-from numba_bfc.kernels.chunks import bin_for_size, insert_free, new_row, remove_free
+from numba_bfc.kernels.chunks import (
+    bin_for_size,
+    insert_free,
+    new_row,
+    next_nonempty_bin,
+    remove_free,
+)
 from numba_bfc.kernels.fields import field, set_field
 from numba_bfc.kernels.ptrmap import map_insert, map_lookup, map_rehash, map_remove
 from numba_bfc.kernels.tree import (
@@ -64,7 +70,7 @@ def test_treap_matches_sorted_list(seed):
     for step in range(3000):
         if handles and rng.random() < 0.45:
             key = rng.choice(list(handles))
-            _remove_free(chunks, bins, handles.pop(key))
+            _remove_free(chunks, bins, state, handles.pop(key))
             model.remove(key)
         else:
             size = 256 * rng.randint(1, 8)  # many equal sizes: ties broken by address
@@ -77,6 +83,7 @@ def test_treap_matches_sorted_list(seed):
             handles[(size, ptr)] = h
             model.add((size, ptr))
         assert bins[0]["num_chunks"] == len(model)
+        assert state[L.S_NONEMPTY_BINS] == (1 if model else 0)
         if step % 100 == 0:  # links, heap order on the address hashes, key order
             assert len(_check_tree(chunks, bins, 0)) == len(model)
             assert all(chunks[h]["priority"] == chunk_priority(ptr)
@@ -300,6 +307,21 @@ def test_fields_check_bounds_under_numba_boundscheck(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.parametrize("num_bins", [0, -1, L.MAX_BINS + 1])
+def test_tables_have_at_most_one_bin_per_bit_of_the_bitmap(num_bins):
+    with pytest.raises(ValueError, match="num_bins must be from 1 to 64"):
+        L.new_tables(num_bins, 256)
+
+
+@settings(max_examples=300, deadline=None)
+@given(bits=st.integers(0, 2**64 - 1), b=st.integers(0, 64), stop=st.integers(0, 64))
+def test_next_nonempty_bin_is_the_first_bit_set_from_b_before_stop(bits, b, stop):
+    state = np.zeros(L.STATE_SIZE, dtype=np.int64)
+    state[L.S_NONEMPTY_BINS] = np.uint64(bits).view(np.int64)
+    expect = next((k for k in range(b, stop) if bits >> k & 1), stop)
+    assert next_nonempty_bin(state, b, stop) == expect
 
 
 @pytest.mark.parametrize("bad", [0, -256, 384, 1000])

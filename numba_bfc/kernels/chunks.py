@@ -23,6 +23,7 @@ from .layout import (
     S_FREE_ROWS,
     S_MAP_COUNT,
     S_MIN_ALLOCATION,
+    S_NONEMPTY_BINS,
     S_NUM_BINS,
     S_NUM_REGIONS,
     S_PEAK_POOL_BYTES,
@@ -132,13 +133,30 @@ def insert_free(chunks, bins, regions, state, h):
         b = b * per_space + size_bin
     set_field(chunks, h, "bin", b)
     tree_insert(chunks, bins, b, h)
+    state[S_NONEMPTY_BINS] |= np.int64(1) << b
 
 
 @inner
-def remove_free(chunks, bins, h):
+def remove_free(chunks, bins, state, h):
     """Take free chunk ``h`` out of its bin."""
-    tree_remove(chunks, bins, np.int64(field(chunks, h, "bin")), h)
+    b = np.int64(field(chunks, h, "bin"))
+    tree_remove(chunks, bins, b, h)
     set_field(chunks, h, "bin", NO_HANDLE)
+    if field(bins, b, "num_chunks") == 0:
+        state[S_NONEMPTY_BINS] &= ~(np.int64(1) << b)
+
+
+@njit(cache=True, inline="always")
+def next_nonempty_bin(state, b, stop):
+    """The first bin from ``b`` up to ``stop`` (exclusive) that holds a free
+    chunk, or ``stop``: one look at ``state[S_NONEMPTY_BINS]``, not a pass
+    over the empty bins (``docs/performance.md``)."""
+    if b >= stop:
+        return stop
+    above = state[S_NONEMPTY_BINS] & (np.int64(-1) << b)
+    if above == 0:
+        return stop
+    return min(floor_log2(above & -above), stop)  # the lowest bit set
 
 
 @inner
@@ -192,13 +210,13 @@ def try_to_coalesce(chunks, bins, regions, state, h, ignore_freed_at):
     nxt = np.int64(field(chunks, h, "next"))
     if nxt != NO_HANDLE and field(chunks, nxt, "allocation_id") == -1:
         if field(chunks, nxt, "freed_at_count") == 0 or ignore_freed_at:
-            remove_free(chunks, bins, nxt)
+            remove_free(chunks, bins, state, nxt)
             merge_chunks(chunks, regions, state, h, nxt)
     prv = np.int64(field(chunks, h, "prev"))
     if prv != NO_HANDLE and field(chunks, prv, "allocation_id") == -1:
         if field(chunks, prv, "freed_at_count") == 0 or ignore_freed_at:
             out = prv
-            remove_free(chunks, bins, prv)
+            remove_free(chunks, bins, state, prv)
             merge_chunks(chunks, regions, state, prv, h)
     return out
 
@@ -323,7 +341,7 @@ def remove_region(chunks, bins, regions, state, r):
     while h != NO_HANDLE:
         nxt = field(chunks, h, "next")
         if field(chunks, h, "bin") != NO_HANDLE:
-            remove_free(chunks, bins, h)
+            remove_free(chunks, bins, state, h)
         release_row(chunks, state, h)
         h = nxt
     size = field(regions, r, "size")
@@ -422,7 +440,7 @@ def trim_region(chunks, bins, regions, state, r, new_end, last_piece):
     h = field(regions, r, "last")
     end = field(regions, r, "base") + field(regions, r, "size")
     cut = end - new_end
-    remove_free(chunks, bins, h)
+    remove_free(chunks, bins, state, h)
     if new_end == field(chunks, h, "ptr"):
         prv = field(chunks, h, "prev")
         set_field(chunks, prv, "next", NO_HANDLE)
@@ -520,7 +538,7 @@ def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, 
         if field(chunks, h, "generation") != merge_g[k]:
             continue
         if required_bytes == 0 or not satisfied:
-            remove_free(chunks, bins, h)
+            remove_free(chunks, bins, state, h)
             nh = try_to_coalesce(chunks, bins, regions, state, h, force)
             insert_free(chunks, bins, regions, state, nh)
             if force:
@@ -576,7 +594,7 @@ def punch_region(chunks, bins, regions, state, r, lo, hi, left_last_piece):
     h = field(regions, r, "first")
     while field(chunks, h, "ptr") + field(chunks, h, "size") <= lo:
         h = field(chunks, h, "next")
-    remove_free(chunks, bins, h)
+    remove_free(chunks, bins, state, h)
     if field(chunks, h, "ptr") < lo:
         m = split_chunk(chunks, bins, regions, state, h, lo - field(chunks, h, "ptr"))
         insert_free(chunks, bins, regions, state, h)
@@ -633,7 +651,7 @@ def join_regions(chunks, bins, regions, state, ra, rb):
     set_field(regions, rb, "last_piece", 0)
     state[S_NUM_REGIONS] -= 1
     if field(chunks, h, "allocation_id") == -1 and field(chunks, h, "bin") != NO_HANDLE:
-        remove_free(chunks, bins, h)
+        remove_free(chunks, bins, state, h)
         insert_free(chunks, bins, regions, state, try_to_coalesce(chunks, bins, regions,
                                                                   state, h, HONOUR_TIMESTAMPS))
 

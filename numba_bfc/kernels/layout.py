@@ -140,6 +140,9 @@ S_TSQ_SLOTS = 19
 # the caching policy's pools) of N size bins: a free chunk of it goes to bin
 # ``space * N + bin_for_size(size)``.
 S_SPACE_BINS = 20
+# Bit b set while bin b holds a free chunk: the search for a fit skips empty
+# bins in one step (``kernels.chunks.next_nonempty_bin``). Hence ``MAX_BINS``.
+S_NONEMPTY_BINS = 21
 # Lock-free calls (``kernels.guard``): the façade's lock depth, and where the
 # current tables are, so a kernel given only ``state`` can see them.
 S_LOCK_DEPTH = 24  # > 0 while a thread holds the façade's lock
@@ -151,6 +154,9 @@ S_REGION_ROWS = 29
 S_PMAP_ADDR = 30
 S_PMAP_SLOTS = 31
 STATE_SIZE = 32  # slots from here on belong to the policy (see policies.caching)
+
+#: The most bins a bin table has: one bit each in ``state[S_NONEMPTY_BINS]``.
+MAX_BINS = 64
 
 # Kernel status codes (allocation kernels return a pointer > 0 on success).
 NEED_ROWS = -1  # a table is full: the façade grows it and calls again
@@ -186,6 +192,8 @@ def new_tables(num_bins: int, min_allocation: int, chunk_rows: int = 1024,
     kernels round with masks)."""
     if min_allocation <= 0 or min_allocation & (min_allocation - 1):
         raise ValueError(f"min_allocation must be a power of two, got {min_allocation}")
+    if not 1 <= num_bins <= MAX_BINS:
+        raise ValueError(f"num_bins must be from 1 to {MAX_BINS}, got {num_bins}")
     chunks = np.zeros(chunk_rows, dtype=CHUNK_DTYPE)
     bins = np.zeros(num_bins, dtype=BIN_DTYPE)
     bins["root"] = NO_HANDLE

@@ -17,6 +17,7 @@ from ..kernels.chunks import (
     bin_for_size,
     insert_free,
     largest_free_chunk,
+    next_nonempty_bin,
     queue_timestamped,
     remove_free,
     room_for_operation,
@@ -85,12 +86,12 @@ def find_fit(chunks, bins, state, rounded, alignment, freed_before, first_bin, s
     and is not tagged later than ``freed_before``. Returns a handle or -1.
     """
     quantum = state[S_MIN_ALLOCATION]
-    for b in range(first_bin, stop_bin):
-        if field(bins, b, "num_chunks") == 0:
-            continue
+    b = next_nonempty_bin(state, first_bin, stop_bin)
+    while b < stop_bin:
         h = fit_in_tree(chunks, field(bins, b, "root"), rounded, alignment, quantum, freed_before)
         if h != NO_HANDLE:
             return h
+        b = next_nonempty_bin(state, b + 1, stop_bin)
     return NO_HANDLE
 
 
@@ -107,7 +108,7 @@ def take_chunk(chunks, bins, regions, pmap, state, h, num_bytes, rounded, alignm
     + ``FinishChunkAllocation``): split off alignment padding before it and,
     by the split rule, the remainder after it. Returns the address."""
     quantum = state[S_MIN_ALLOCATION]
-    remove_free(chunks, bins, h)
+    remove_free(chunks, bins, state, h)
     pad = alignment_padding(field(chunks, h, "ptr"), alignment, quantum)
     if pad > 0:
         # The unaligned prefix stays behind as a free chunk of its own.

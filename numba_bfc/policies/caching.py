@@ -31,6 +31,7 @@ from ..kernels.chunks import (
     insert_free,
     largest_free_chunk,
     merge_chunks,
+    next_nonempty_bin,
     open_region,
     region_in_use,
     release_row,
@@ -275,12 +276,14 @@ def pool_lower_bound(chunks, bins, state, pool, size):
     least ``size`` bytes (PyTorch's ``pool.blocks.lower_bound``), or -1: the
     first found in the pool's bins from ``size``'s up."""
     per_pool = state[S_SPACE_BINS]
-    first = pool * per_pool + bin_for_size(size, MIN_BLOCK_SIZE, per_pool)
-    for b in range(first, (pool + 1) * per_pool):
-        if field(bins, b, "num_chunks") > 0:
-            h = tree_lower_bound(chunks, field(bins, b, "root"), size)
-            if h != NO_HANDLE:
-                return h
+    stop = (pool + 1) * per_pool
+    b = next_nonempty_bin(state, pool * per_pool + bin_for_size(size, MIN_BLOCK_SIZE, per_pool),
+                          stop)
+    while b < stop:
+        h = tree_lower_bound(chunks, field(bins, b, "root"), size)
+        if h != NO_HANDLE:
+            return h
+        b = next_nonempty_bin(state, b + 1, stop)
     return NO_HANDLE
 
 
@@ -292,11 +295,11 @@ def pool_successor(chunks, bins, state, h):
     if nxt != NO_HANDLE:
         return nxt
     b = np.int64(field(chunks, h, "bin"))
-    per_pool = state[S_SPACE_BINS]
-    for later in range(b + 1, (b // per_pool + 1) * per_pool):
-        if field(bins, later, "num_chunks") > 0:
-            return np.int64(tree_min(chunks, field(bins, later, "root")))
-    return nxt
+    stop = (b // state[S_SPACE_BINS] + 1) * state[S_SPACE_BINS]
+    later = next_nonempty_bin(state, b + 1, stop)
+    if later == stop:
+        return nxt
+    return np.int64(tree_min(chunks, field(bins, later, "root")))
 
 
 @njit(cache=True, inline="always")
@@ -324,7 +327,7 @@ def take_block(chunks, bins, regions, pmap, state, h, requested):
     """
     pool = field(regions, field(chunks, h, "region"), "bin")
     size = round_size(requested, state)
-    remove_free(chunks, bins, h)
+    remove_free(chunks, bins, state, h)
     already_split = is_split(chunks, h)
     # PyTorch leaves expandable blocks out of inactive_split.
     counted = not is_expandable(chunks, regions, h)
@@ -673,7 +676,7 @@ def caching_unmap_block(chunks, bins, regions, state, h, start, nbytes):
     if state[S_FREE_ROWS] < 2:
         return NEED_ROWS
     pool = field(regions, field(chunks, h, "region"), "bin")
-    remove_free(chunks, bins, h)
+    remove_free(chunks, bins, state, h)
     if start > field(chunks, h, "ptr"):
         middle = split_chunk(chunks, bins, regions, state, h, start - field(chunks, h, "ptr"))
         pool_insert(chunks, bins, regions, state, h)

@@ -357,6 +357,9 @@ def _check_tables(a) -> None:
                  bins[b]["total_bytes"] == 0, f"bin {b}: byte total wrong")
         _require(all(chunks[m]["bin"] == b for m in members), f"bin {b}: member has wrong bin")
         in_trees.extend(members)
+    nonempty = sum(1 << b for b in range(bins.shape[0]) if bins[b]["num_chunks"] > 0)
+    _require(int(st[L.S_NONEMPTY_BINS]) & ((1 << 64) - 1) == nonempty,
+             "the bitmap of non-empty bins differs from the bins")
     free_live = live[chunks["allocation_id"][live] == -1]
     _require(sorted(in_trees) == sorted(free_live.tolist()),
              "free chunks and bin members differ")
