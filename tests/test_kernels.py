@@ -50,6 +50,7 @@ _map_insert = _from_python(map_insert)
 _map_lookup = _from_python(map_lookup)
 _map_rehash = _from_python(map_rehash)
 _bin_for_size = _from_python(bin_for_size)
+_next_nonempty_bin = _from_python(next_nonempty_bin)
 
 
 def _in_order(chunks, bins, b):
@@ -321,7 +322,7 @@ def test_next_nonempty_bin_is_the_first_bit_set_from_b_before_stop(bits, b, stop
     state = np.zeros(L.STATE_SIZE, dtype=np.int64)
     state[L.S_NONEMPTY_BINS] = np.uint64(bits).view(np.int64)
     expect = next((k for k in range(b, stop) if bits >> k & 1), stop)
-    assert next_nonempty_bin(state, b, stop) == expect
+    assert _next_nonempty_bin(state, b, stop) == expect
 
 
 @pytest.mark.parametrize("bad", [0, -256, 384, 1000])

@@ -146,7 +146,7 @@ def remove_free(chunks, bins, state, h):
         state[S_NONEMPTY_BINS] &= ~(np.int64(1) << b)
 
 
-@njit(cache=True, inline="always")
+@inner
 def next_nonempty_bin(state, b, stop):
     """The first bin from ``b`` up to ``stop`` (exclusive) that holds a free
     chunk, or ``stop``: one look at ``state[S_NONEMPTY_BINS]``, not a pass
@@ -156,7 +156,8 @@ def next_nonempty_bin(state, b, stop):
     above = state[S_NONEMPTY_BINS] & (np.int64(-1) << b)
     if above == 0:
         return stop
-    return min(floor_log2(above & -above), stop)  # the lowest bit set
+    first = floor_log2(above & -above)  # the lowest bit set
+    return first if first < stop else stop
 
 
 @inner

@@ -56,6 +56,7 @@ from ..kernels.layout import (
     S_FAILED_ROUNDED,
     S_FREE_ROWS,
     S_LARGEST_ALLOC_SIZE,
+    S_MIN_ALLOCATION,
     S_NEXT_ALLOCATION_ID,
     S_NUM_REGIONS,
     S_POOL_BYTES,
@@ -277,8 +278,8 @@ def pool_lower_bound(chunks, bins, state, pool, size):
     first found in the pool's bins from ``size``'s up."""
     per_pool = state[S_SPACE_BINS]
     stop = (pool + 1) * per_pool
-    b = next_nonempty_bin(state, pool * per_pool + bin_for_size(size, MIN_BLOCK_SIZE, per_pool),
-                          stop)
+    first = pool * per_pool + bin_for_size(size, state[S_MIN_ALLOCATION], per_pool)
+    b = next_nonempty_bin(state, first, stop)
     while b < stop:
         h = tree_lower_bound(chunks, field(bins, b, "root"), size)
         if h != NO_HANDLE:
