@@ -460,8 +460,8 @@ def trim_region(chunks, bins, regions, state, r, new_end, last_piece):
 def largest_free_chunk(chunks, bins):
     """Size of the largest free chunk in any bin (TF's ``LargestFreeChunk``).
 
-    Every bin is looked at: BFC's bins are size classes, but a caching pool
-    holds blocks of any size.
+    Every bin is looked at: the last bin of a space is not the largest of all
+    (the compact policy's spaces, the caching policy's pools).
     """
     largest = 0
     for b in range(bins.shape[0]):

@@ -364,7 +364,7 @@ def _check_tables(a) -> None:
     _require(sorted(in_trees) == sorted(free_live.tolist()),
              "free chunks and bin members differ")
     per_space = int(st[L.S_SPACE_BINS])
-    if per_space:  # spaces of size bins (the compact policy): the bin for the size
+    if per_space:  # spaces of size bins (compact's spaces, caching's pools): the bin for the size
         for h in free_live.tolist():
             space = int(regions[chunks[h]["region"]]["bin"])
             size_bin = bin_of(int(chunks[h]["size"]), int(st[L.S_MIN_ALLOCATION]), per_space)
