@@ -316,6 +316,14 @@ def test_tables_have_at_most_one_bin_per_bit_of_the_bitmap(num_bins):
         L.new_tables(num_bins, 256)
 
 
+def test_tables_of_spaces_repeat_the_size_bins_in_each_space():
+    _, bins, _, _, state, _ = L.new_tables(6, 512, space_bins=3)
+    assert bins["bin_size"].tolist() == [512, 1024, 2048] * 2
+    assert state[L.S_SPACE_BINS] == 3
+    _, bins, _, _, state, _ = L.new_tables(3, 256)
+    assert bins["bin_size"].tolist() == [256, 512, 1024] and state[L.S_SPACE_BINS] == 0
+
+
 @settings(max_examples=300, deadline=None)
 @given(bits=st.integers(0, 2**64 - 1), b=st.integers(0, 64), stop=st.integers(0, 64))
 def test_next_nonempty_bin_is_the_first_bit_set_from_b_before_stop(bits, b, stop):

@@ -77,7 +77,8 @@ class BFCAllocator(TableStore, BFCBase):
         super().__init__(backend, memory_limit, allow_growth, garbage_collection,
                          fragmentation_fraction, name)
         self._adopt_tables(L.new_tables(self._NUM_BINS, MIN_ALLOCATION,
-                                        state_size=self._STATE_SIZE))
+                                        state_size=self._STATE_SIZE,
+                                        space_bins=self._SPACE_BINS))
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
         # Garbage collection is the slow path's one step the kernel does not
         # take: without it, a kernel that finds no fit and no room to grow
@@ -148,6 +149,7 @@ class BFCAllocator(TableStore, BFCBase):
     _IN_USE_SLOT = L.S_BYTES_IN_USE
     _STATE_SIZE = L.STATE_SIZE
     _NUM_BINS = NUM_BINS
+    _SPACE_BINS = 0  # BFC's bins are size classes, no spaces
     # Each serves a caller with or without the lock (the last argument).
     _ALLOCATE = Kernel(bfc_allocate_op)
     _DEALLOCATE = Kernel(bfc_deallocate_op)

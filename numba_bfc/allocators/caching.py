@@ -99,10 +99,9 @@ class CachingAllocator(TableStore, CachingBase):
                          max_non_split_rounding=max_non_split_rounding,
                          expandable_segments=expandable_segments)
         self._adopt_tables(L.new_tables(C.NUM_POOLS * C.POOL_BINS, C.MIN_BLOCK_SIZE,
-                                        state_size=C.CACHING_STATE_SIZE))
-        self._bins["bin_size"] = np.tile(C.MIN_BLOCK_SIZE << np.arange(C.POOL_BINS), C.NUM_POOLS)
+                                        state_size=C.CACHING_STATE_SIZE,
+                                        space_bins=C.POOL_BINS))
         st = self._state
-        st[L.S_SPACE_BINS] = C.POOL_BINS
         st[C.C_MAX_SPLIT_SIZE] = self.max_split_size
         st[C.C_MAX_NON_SPLIT_ROUNDING] = self.max_non_split_rounding
         st[C.C_GC_ACTIVE] = int(self._gc_enabled)

@@ -122,6 +122,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     _LEASE_SLOW_PATH = Kernel(compact_slow_path_op)
     _STATE_SIZE = COMPACT_STATE_SIZE
     _NUM_BINS = NUM_COMPACT_BINS
+    _SPACE_BINS = SPACE_BINS
     _POOL_NAMES_BLOCKS = False
     _ALLOCATE = Kernel(compact_allocate_op)
     _DEALLOCATE = Kernel(compact_deallocate_op)
@@ -147,8 +148,6 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     _lease_inputs = None  # what _open_lease last wrote into the state
 
     def _configure_compact(self) -> None:
-        self._state[L.S_SPACE_BINS] = SPACE_BINS
-        self._bins["bin_size"] = np.tile(MIN_ALLOCATION << np.arange(SPACE_BINS), NUM_SPACES)
         self._state[L.S_MAX_INTERNAL_FRAGMENTATION] = self._max_internal_fragmentation
         self._state[S_RELEASE_THRESHOLD] = self.release_threshold
         self._state[S_SMALL_SIZE] = self.small_size
@@ -223,8 +222,8 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
         if spaces.count(spaces[0]) == made:  # one space: the usual batch
             self._record_leased(spaces[0], log[1::3], log[2::3])
             return
+        entries = range(0, 3 * made, 3)
         for space in range(NUM_SPACES):
-            entries = range(0, 3 * made, 3)
             bases = [log[i + 1] for i in entries if log[i] == space]
             if bases:
                 self._record_leased(space, bases, [log[i + 2] for i in entries if log[i] == space])

@@ -186,10 +186,11 @@ ROWS_PER_OPERATION = 3
 
 def new_tables(num_bins: int, min_allocation: int, chunk_rows: int = 1024,
                map_slots: int = 2048, region_rows: int = 64, queue_slots: int = 64,
-               state_size: int = STATE_SIZE):
+               state_size: int = STATE_SIZE, space_bins: int = 0):
     """Fresh, empty tables: ``(chunks, bins, regions, pmap, state, tsq)``.
     ``min_allocation``, the rounding of every chunk, is a power of two (the
-    kernels round with masks)."""
+    kernels round with masks). With ``space_bins`` (``S_SPACE_BINS``), the
+    bins are spaces of that many size bins each, from ``min_allocation`` up."""
     if min_allocation <= 0 or min_allocation & (min_allocation - 1):
         raise ValueError(f"min_allocation must be a power of two, got {min_allocation}")
     if not 1 <= num_bins <= MAX_BINS:
@@ -197,7 +198,8 @@ def new_tables(num_bins: int, min_allocation: int, chunk_rows: int = 1024,
     chunks = np.zeros(chunk_rows, dtype=CHUNK_DTYPE)
     bins = np.zeros(num_bins, dtype=BIN_DTYPE)
     bins["root"] = NO_HANDLE
-    bins["bin_size"] = min_allocation << np.arange(num_bins, dtype=np.int64)
+    sizes_per_space = space_bins or num_bins
+    bins["bin_size"] = min_allocation << (np.arange(num_bins, dtype=np.int64) % sizes_per_space)
     regions = np.full(region_rows, _EMPTY_REGION, dtype=REGION_DTYPE)
     pmap = np.zeros((map_slots, 2), dtype=np.int64)
     state = np.zeros(max(state_size, STATE_SIZE), dtype=np.int64)
@@ -205,6 +207,7 @@ def new_tables(num_bins: int, min_allocation: int, chunk_rows: int = 1024,
     state[S_FREE_HEAD] = NO_HANDLE
     state[S_MIN_ALLOCATION] = min_allocation
     state[S_NUM_BINS] = num_bins
+    state[S_SPACE_BINS] = space_bins
     tsq = np.zeros((queue_slots, 2), dtype=np.int64)
     _chain_rows(chunks, state, 0, chunk_rows)
     return chunks, bins, regions, pmap, state, tsq
