@@ -142,7 +142,7 @@ def remove_free(chunks, bins, state, h):
     b = np.int64(field(chunks, h, "bin"))
     tree_remove(chunks, bins, b, h)
     set_field(chunks, h, "bin", NO_HANDLE)
-    if field(bins, b, "num_chunks") == 0:
+    if field(bins, b, "root") == NO_HANDLE:
         state[S_NONEMPTY_BINS] &= ~(np.int64(1) << b)
 
 
@@ -465,7 +465,7 @@ def largest_free_chunk(chunks, bins):
     """
     largest = 0
     for b in range(bins.shape[0]):
-        if field(bins, b, "num_chunks") > 0:
+        if field(bins, b, "root") != NO_HANDLE:
             largest = max(largest, field(chunks, tree_max(chunks, field(bins, b, "root")), "size"))
     return largest
 

@@ -7,26 +7,34 @@ Chunk table (``CHUNK_DTYPE``), one row per chunk; a row index is a chunk handle.
 Unused rows are chained through ``next`` into a free-handle list.
 
 =================  ======================================================
-``ptr``            address of the chunk's first byte
 ``size``           bytes covered by the chunk (a multiple of the rounding)
-``requested_size`` bytes the client asked for (in-use chunks)
+``ptr``            address of the chunk's first byte
+``left``/``right``/``parent``  links in the owning bin's ordered free set
+``bin``            bin holding the chunk while it is free, -1 otherwise
+``priority``       treap priority (a hash of ``ptr``), for the ordered free sets
+``prev``/``next``  address-adjacent chunks in the same region, -1 at the ends
 ``allocation_id``  > 0 while in use, -1 when free, ``UNMAPPED`` (-2) for
                    address space with no memory (the caching policy's
                    expandable segments)
 ``freed_at_count`` timing-counter tag of the last timestamped free, 0 if none
-``priority``       treap priority (a hash of ``ptr``), for the ordered free sets
-``prev``/``next``  address-adjacent chunks in the same region, -1 at the ends
-``left``/``right``/``parent``  links in the owning bin's ordered free set
-``bin``            bin holding the chunk while it is free, -1 otherwise
+``requested_size`` bytes the client asked for (in-use chunks)
 ``region``         row in the region table
 ``generation``     bumped when the row is released, so queued handles can
                    tell a recycled row from the chunk they meant
 =================  ======================================================
 
+The fields a tree walk reads (the key, then the links) come first, in the
+row's first 32 bytes. A row is 80 bytes and starts 0, 16, 32 or 48 bytes into
+a 64-byte cache line, so for three rows in four a walk's step touches one line
+(measured: fresh replays of the compact policy, whose trees are the largest,
+took 1-10% less time per event than with the key and links 56 bytes apart;
+BFC's were unchanged).
+
 Bin table (``BIN_DTYPE``), one row per size class (per space, or per pool of
 the caching policy, and size class with ``S_SPACE_BINS``): ``bin_size`` (smallest size
-the bin holds), ``root`` (root handle of its ordered free set, -1 if empty),
-``num_chunks`` and ``total_bytes`` of the free chunks in it.
+the bin holds) and ``root`` (root handle of its ordered free set, -1 if
+empty). Nothing counts a bin's chunks or bytes: the trees change on most
+operations, and what a report needs is summed from the chunk table when read.
 
 Region table (``REGION_DTYPE``), one row per backend region (``size == 0``
 marks an unused row): ``base``, ``size``, ``first`` and ``last`` chunk handles,
@@ -55,18 +63,18 @@ import numpy as np
 
 CHUNK_DTYPE = np.dtype(
     [
-        ("ptr", np.int64),
         ("size", np.int64),
-        ("requested_size", np.int64),
-        ("allocation_id", np.int64),
-        ("freed_at_count", np.int64),
-        ("priority", np.int64),
-        ("prev", np.int32),
-        ("next", np.int32),
+        ("ptr", np.int64),
         ("left", np.int32),
         ("right", np.int32),
         ("parent", np.int32),
         ("bin", np.int32),
+        ("priority", np.int64),
+        ("prev", np.int32),
+        ("next", np.int32),
+        ("allocation_id", np.int64),
+        ("freed_at_count", np.int64),
+        ("requested_size", np.int64),
         ("region", np.int32),
         ("generation", np.int32),
     ]
@@ -76,8 +84,6 @@ BIN_DTYPE = np.dtype(
     [
         ("bin_size", np.int64),
         ("root", np.int64),
-        ("num_chunks", np.int64),
-        ("total_bytes", np.int64),
     ]
 )
 

@@ -90,8 +90,6 @@ def tree_insert(chunks, bins, b, h):
     set_field(chunks, h, "right", NO_HANDLE)
     set_field(chunks, h, "priority", chunk_priority(field(chunks, h, "ptr")))
     root = field(bins, b, "root")
-    set_field(bins, b, "num_chunks", field(bins, b, "num_chunks") + 1)
-    set_field(bins, b, "total_bytes", field(bins, b, "total_bytes") + field(chunks, h, "size"))
     if root == NO_HANDLE:
         set_field(chunks, h, "parent", NO_HANDLE)
         set_field(bins, b, "root", h)
@@ -144,8 +142,6 @@ def tree_remove(chunks, bins, b, h):
     set_field(chunks, h, "left", NO_HANDLE)
     set_field(chunks, h, "right", NO_HANDLE)
     set_field(chunks, h, "parent", NO_HANDLE)
-    set_field(bins, b, "num_chunks", field(bins, b, "num_chunks") - 1)
-    set_field(bins, b, "total_bytes", field(bins, b, "total_bytes") - field(chunks, h, "size"))
 
 
 @inner
