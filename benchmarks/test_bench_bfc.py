@@ -74,14 +74,9 @@ def _run_churn_on_kernels(a, live, churn):
     Python method around them."""
     state, allocate, _ = a._fast_allocate
     _, deallocate, _ = a._fast_deallocate
-    if isinstance(a, CachingAllocator):
-        for slot, size in churn:
-            deallocate(state, live[slot], False)
-            live[slot] = allocate(state, size, False)
-    else:  # the BFC kernels' signature: alignment and timing count too
-        for slot, size in churn:
-            deallocate(state, live[slot], False)
-            live[slot] = allocate(state, size, 256, 0, False)
+    for slot, size in churn:
+        deallocate(state, live[slot], False)
+        live[slot] = allocate(state, size, False)
 
 
 @pytest.mark.benchmark(group="pair-parts")

@@ -68,7 +68,7 @@ def test_every_kernel_call_matches_its_signature():
 def test_the_checked_mode_refuses_wrong_types(monkeypatch):
     monkeypatch.setenv("NUMBA_BFC_CHECK_KERNEL_ARGS", "1")
     a = make_allocator("bfc", 1 << 30)
-    kernel = Kernel(type(a)._ALLOCATE.dispatcher)
+    kernel = Kernel(type(a)._ALLOCATE_ALIGNED.dispatcher)  # the most argument kinds
     kernel.call(a._state, 1000, 256, 0, True)  # compiles or loads; now checked
     assert kernel.fast
     for args, message in [

@@ -42,10 +42,7 @@ FACTORIES = {"bfc": _bfc, "caching": _caching, "compact": _compact}
 
 def _unlocked(a):
     """The policy's allocate and free kernels, called as by a caller without the lock."""
-    if isinstance(a, CachingAllocator):
-        return (lambda st, n: a._ALLOCATE.call(st, n, False),
-                lambda st, p: a._DEALLOCATE.call(st, p, False))
-    return (lambda st, n: a._ALLOCATE.call(st, n, 256, 0, False),
+    return (lambda st, n: a._ALLOCATE.call(st, n, False),
             lambda st, p: a._DEALLOCATE.call(st, p, False))
 
 

@@ -9,7 +9,12 @@ from ..kernels.operations import (
     merge_timestamped_op,
 )
 from ..policies.batch import run_batch_bfc
-from ..policies.bfc import bfc_allocate_op, bfc_deallocate_op, bfc_deallocate_timestamped_op
+from ..policies.bfc import (
+    bfc_allocate_aligned_op,
+    bfc_allocate_op,
+    bfc_deallocate_op,
+    bfc_deallocate_timestamped_op,
+)
 from ..stats import AllocatorStats
 from ._fastcall import Kernel
 from ._tables import LARGEST_FREE_CHUNK, REMOVE_REGION, TableStore
@@ -109,13 +114,13 @@ class BFCAllocator(TableStore, BFCBase):
                 and type(num_bytes) is int and 0 < num_bytes <= largest):
             return super().allocate_raw(num_bytes, alignment, attributes,
                                         freed_before=freed_before)
-        p = call(state, num_bytes, MIN_ALLOCATION, 0, False)
+        p = call(state, num_bytes, False)
         if p > 0:
             return p
         if p == _FAILED_HERE:
             raise self._failed_here(num_bytes)
         with self._lock:
-            p = call(state, num_bytes, MIN_ALLOCATION, 0, True)
+            p = call(state, num_bytes, True)
             if p > 0:
                 return p
             if p == _FAILED_HERE:
@@ -151,7 +156,8 @@ class BFCAllocator(TableStore, BFCBase):
     _NUM_BINS = NUM_BINS
     _SPACE_BINS = 0  # BFC's bins are size classes, no spaces
     # Each serves a caller with or without the lock (the last argument).
-    _ALLOCATE = Kernel(bfc_allocate_op)
+    _ALLOCATE = Kernel(bfc_allocate_op)  # the common request (as the caching policy's)
+    _ALLOCATE_ALIGNED = Kernel(bfc_allocate_aligned_op)  # any alignment, timing count
     _DEALLOCATE = Kernel(bfc_deallocate_op)
 
     def _batch_alignment(self, alignment: int) -> int:
@@ -179,7 +185,10 @@ class BFCAllocator(TableStore, BFCBase):
         return self._allocate_slow(n, alignment, 0)
 
     def _try_allocate(self, n: int, alignment: int, freed_before: int) -> int:
-        p = self._until_room(self._ALLOCATE.call, n, alignment, freed_before, True)
+        if alignment <= MIN_ALLOCATION and not freed_before:  # the kernel's quantum at least
+            p = self._until_room(self._ALLOCATE.call, n, True)
+        else:
+            p = self._until_room(self._ALLOCATE_ALIGNED.call, n, alignment, freed_before, True)
         return p if p > 0 else 0
 
     def _add_region(self, ptr: int, size: int, pool_bin: int = L.NO_HANDLE) -> None:

@@ -36,6 +36,7 @@ from ..policies.compact import (
     S_SMALL_SIZE,
     S_SOLE_HOLDER,
     SPACE_BINS,
+    compact_allocate_aligned_op,
     compact_allocate_op,
     compact_deallocate_op,
     compact_slow_path_op,
@@ -125,6 +126,7 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     _SPACE_BINS = SPACE_BINS
     _POOL_NAMES_BLOCKS = False
     _ALLOCATE = Kernel(compact_allocate_op)
+    _ALLOCATE_ALIGNED = Kernel(compact_allocate_aligned_op)
     _DEALLOCATE = Kernel(compact_deallocate_op)
 
     def __init__(self, backend, memory_limit=None, page_size=None, release_threshold=None,

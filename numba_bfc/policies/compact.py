@@ -590,16 +590,30 @@ def compact_deallocate(chunks, bins, regions, pmap, state, ptr):
 
 
 @operation
-def compact_allocate_op(state, num_bytes, alignment, freed_before, locked):
-    """``compact_allocate`` on the tables the state records. With ``locked``
-    false (a caller without the façade's lock) it answers ``TABLES_BUSY``,
-    changing nothing, while the lock is held (``kernels.guard``).
+def compact_allocate_op(state, num_bytes, locked):
+    """``compact_allocate`` of ``num_bytes`` aligned to the quantum, with no
+    timing count, on the tables the state records (as ``bfc_allocate_op``).
+    With ``locked`` false (a caller without the façade's lock) it answers
+    ``TABLES_BUSY``, changing nothing, while the lock is held
+    (``kernels.guard``).
 
     Where no chunk fits and the slow path could only fail
     (``fails_whatever_given_back``), it answers ``FAILED_HERE`` and records
     the largest free chunk in ``state[S_FAILED_LARGEST_FREE]``; nothing else
     changes.
     """
+    return _allocate_on_tables(state, num_bytes, state[S_MIN_ALLOCATION], UNTAGGED, locked)
+
+
+@operation
+def compact_allocate_aligned_op(state, num_bytes, alignment, freed_before, locked):
+    """``compact_allocate_op`` with any ``alignment`` and timing count
+    ``freed_before`` (as ``bfc_allocate_aligned_op``)."""
+    return _allocate_on_tables(state, num_bytes, alignment, freed_before, locked)
+
+
+@inner
+def _allocate_on_tables(state, num_bytes, alignment, freed_before, locked):
     if not may_proceed(state, locked):
         return TABLES_BUSY
     chunks, bins, regions, pmap, _, st = table_views(state)
