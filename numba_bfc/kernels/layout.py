@@ -25,10 +25,8 @@ Unused rows are chained through ``next`` into a free-handle list.
 
 The fields a tree walk reads (the key, then the links) come first, in the
 row's first 32 bytes. A row is 80 bytes and starts 0, 16, 32 or 48 bytes into
-a 64-byte cache line, so for three rows in four a walk's step touches one line
-(measured: fresh replays of the compact policy, whose trees are the largest,
-took 1-10% less time per event than with the key and links 56 bytes apart;
-BFC's were unchanged).
+a 64-byte cache line, so for three rows in four a step of a walk touches one
+line (``docs/performance.md``, "The chunk row's field order").
 
 Bin table (``BIN_DTYPE``), one row per size class (per space, or per pool of
 the caching policy, and size class with ``S_SPACE_BINS``): ``bin_size`` (smallest size
