@@ -185,7 +185,9 @@ class BFCAllocator(TableStore, BFCBase):
         return self._allocate_slow(n, alignment, 0)
 
     def _try_allocate(self, n: int, alignment: int, freed_before: int) -> int:
-        if alignment <= MIN_ALLOCATION and not freed_before:  # the kernel's quantum at least
+        # The kernels align to at least their quantum (MIN_ALLOCATION), so a smaller
+        # alignment is the common request.
+        if alignment <= MIN_ALLOCATION and not freed_before:
             p = self._until_room(self._ALLOCATE.call, n, True)
         else:
             p = self._until_room(self._ALLOCATE_ALIGNED.call, n, alignment, freed_before, True)

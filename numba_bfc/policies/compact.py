@@ -614,6 +614,8 @@ def compact_allocate_aligned_op(state, num_bytes, alignment, freed_before, locke
 
 @inner
 def _allocate_on_tables(state, num_bytes, alignment, freed_before, locked):
+    """Both allocation operations: the guard, ``compact_allocate``, and
+    ``FAILED_HERE`` where the slow path could only fail."""
     if not may_proceed(state, locked):
         return TABLES_BUSY
     chunks, bins, regions, pmap, _, st = table_views(state)

@@ -348,7 +348,7 @@ def _check_tables(a) -> None:
         _require(regions[r]["last"] == prev, f"region {r}: wrong last chunk")
     _require(visited == live.size, "live rows not reached from any region")
     _require(st[L.S_NUM_REGIONS] == int((regions["size"] > 0).sum()), "region count wrong")
-    # Bins: every free chunk in its bin's tree exactly once; counters right.
+    # Bins: every free chunk in its bin's tree exactly once; the bitmap of non-empty bins right.
     in_trees = []
     for b in range(bins.shape[0]):
         members = _check_tree(chunks, bins, b)
