@@ -465,8 +465,9 @@ def largest_free_chunk(chunks, bins):
     """
     largest = 0
     for b in range(bins.shape[0]):
-        if field(bins, b, "root") != NO_HANDLE:
-            largest = max(largest, field(chunks, tree_max(chunks, field(bins, b, "root")), "size"))
+        root = field(bins, b, "root")
+        if root != NO_HANDLE:
+            largest = max(largest, field(chunks, tree_max(chunks, root), "size"))
     return largest
 
 
