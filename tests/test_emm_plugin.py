@@ -304,7 +304,16 @@ def _cupy_sees(monkeypatch, primary, current=None):
     return calls
 
 
-def test_cupy_allocator_draws_from_the_numba_pool(monkeypatch):
+@pytest.fixture
+def fresh_cupy_checks(monkeypatch):
+    """No manager checked for CuPy yet: this module's fake contexts come and go
+    without the reset that Numba's ``cuda.close()`` gives a real one."""
+    from numba_bfc.integrations import cupy as cupy_integration
+
+    monkeypatch.setattr(cupy_integration, "_checked_managers", {})
+
+
+def test_cupy_allocator_draws_from_the_numba_pool(monkeypatch, fresh_cupy_checks):
     from numba_bfc.integrations.cupy import cupy_allocator
 
     mgr = make_manager()
@@ -324,9 +333,11 @@ def test_cupy_allocator_draws_from_the_numba_pool(monkeypatch):
     assert mgr.allocator.get_stats().bytes_in_use == 0
 
 
-def test_cupy_allocator_checks_each_new_context_once(monkeypatch):
+def test_cupy_allocator_checks_each_new_context_once(monkeypatch, fresh_cupy_checks):
     """Numba's current_context() (microseconds on a GPU) runs at a context's first
-    CuPy allocation only; a new primary context (after cuda.close()) is checked again."""
+    CuPy allocation only; after a reset of its manager (Numba's cuda.close() and
+    Context.reset() do one) the next allocation checks again, and finds the
+    device's new context, or the same one."""
     from numba_bfc.integrations.cupy import cupy_allocator
 
     first = make_manager()
@@ -335,20 +346,28 @@ def test_cupy_allocator_checks_each_new_context_once(monkeypatch):
     blocks = [cupy_allocator(4096) for _ in range(3)]
     assert len(calls) == 1
     assert first.allocator.get_stats().bytes_in_use == 3 * 4096
+    del blocks
+    assert first.allocator.get_stats().bytes_in_use == 0
 
+    first.reset()  # the context stays (Context.reset()): checked again, same manager
+    blocks = [cupy_allocator(4096) for _ in range(2)]
+    assert len(calls) == 2
+    assert first.allocator.get_stats().bytes_in_use == 2 * 4096
+    del blocks
+
+    first.reset()  # cuda.close(): the device's next primary context has a new manager
     second = make_manager()
     second.context.memory_manager = second
     calls = _cupy_sees(monkeypatch, second.context)
-    blocks += [cupy_allocator(4096) for _ in range(2)]
+    blocks = [cupy_allocator(4096) for _ in range(2)]
     assert len(calls) == 1
     assert second.allocator.get_stats().bytes_in_use == 2 * 4096
-    assert first.allocator.get_stats().bytes_in_use == 3 * 4096
-    del blocks
     assert first.allocator.get_stats().bytes_in_use == 0
+    del blocks
     assert second.allocator.get_stats().bytes_in_use == 0
 
 
-def test_cupy_allocator_checks_each_device_once(monkeypatch):
+def test_cupy_allocator_checks_each_device_once(monkeypatch, fresh_cupy_checks):
     """Allocations that alternate between two devices check each device's
     context once, not at every switch."""
     from numba_bfc.integrations.cupy import cupy_allocator
@@ -374,7 +393,7 @@ def test_cupy_allocator_checks_each_device_once(monkeypatch):
     del blocks
 
 
-def test_cupy_allocator_refuses_another_manager_or_device(monkeypatch):
+def test_cupy_allocator_refuses_another_manager_or_device(monkeypatch, fresh_cupy_checks):
     from numba_bfc.integrations.cupy import cupy_allocator
 
     foreign = FakeContext(memory_manager=object())

@@ -17,14 +17,13 @@ the block also waits for that stream, as ``numba_bfc.record_stream`` would
 make it (PyTorch ties a block to its allocation stream the same way).
 
 The first allocation in a context checks it through Numba's
-``current_context()`` (about 6 us on an H100 machine); later ones only look up
-the device's primary context, and a new context (after ``cuda.close()``) is
-checked again.
+``current_context()`` (about 6 us on an H100 machine); later ones reuse the
+manager found then until Numba resets it (``cuda.close()`` does), and the
+next allocation checks the device's new context.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -57,41 +56,38 @@ class _PoolBlock:
         self._release()
 
 
-def _never_checked() -> None:
-    return None
+# Per device: the manager of the last context found to be Numba's current one
+# with a numba_bfc manager, and that manager's reset count then. Numba resets
+# a context's manager when it closes the context, so an unchanged count means
+# the context checked is still the device's primary one.
+_checked_managers: dict[int, tuple[Any, int]] = {}
 
 
-# Per device: a weak reference to the last context found to be Numba's current
-# one with a numba_bfc manager.
-_checked_contexts: dict[int, Callable[[], Any]] = {}
-
-
-# numba.cuda, imported at the first allocation (an import statement at every
+# numba.cuda, imported at the first check (an import statement at every
 # allocation costs about 0.5 us here).
 _numba_cuda: Any = None
 
 
-def _manager_for(device_id: int) -> Any:
-    """The numba_bfc manager of the primary context of ``device_id``."""
+def _check_manager(device_id: int) -> Any:
+    """The numba_bfc manager of the primary context of ``device_id``, checked."""
     global _numba_cuda
     if _numba_cuda is None:
         from numba import cuda
 
         _numba_cuda = cuda
     ctx = _numba_cuda.gpus[device_id].get_primary_context()
-    if _checked_contexts.get(device_id, _never_checked)() is not ctx:
-        from .numba_emm import current_manager
+    from .numba_emm import current_manager
 
-        # CuPy's runtime calls make the device's primary context current, and
-        # Numba's current_context() adopts the active primary context.
-        mgr = current_manager()
-        if mgr.context is not ctx:
-            raise RuntimeError(
-                f"numba_bfc.cupy_allocator: CuPy's current device is {device_id} but Numba's "
-                f"current context is on device {int(mgr.context.device.id)}; select the same "
-                "device in both")
-        _checked_contexts[device_id] = weakref.ref(ctx)
-    return ctx.memory_manager
+    # CuPy's runtime calls make the device's primary context current, and
+    # Numba's current_context() adopts the active primary context.
+    mgr = current_manager()
+    if mgr.context is not ctx:
+        raise RuntimeError(
+            f"numba_bfc.cupy_allocator: CuPy's current device is {device_id} but Numba's "
+            f"current context is on device {int(mgr.context.device.id)}; select the same "
+            "device in both")
+    _checked_managers[device_id] = (mgr, mgr.resets)
+    return mgr
 
 
 def cupy_allocator(nbytes: int) -> Any:
@@ -118,7 +114,11 @@ def cupy_allocator(nbytes: int) -> Any:
     """
     cupy = _cupy()
     device_id = cupy.cuda.runtime.getDevice()
-    mgr = _manager_for(device_id)
+    checked = _checked_managers.get(device_id)
+    if checked is not None and checked[0].resets == checked[1]:
+        mgr = checked[0]
+    else:
+        mgr = _check_manager(device_id)
     address, release = mgr.allocate_block(nbytes)
     stream = cupy.cuda.get_current_stream()
     if address and stream.ptr not in (0, 1, 2) and mgr.stream_safety == "events":

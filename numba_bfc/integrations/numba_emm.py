@@ -318,6 +318,13 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
     ``allocator`` and the end of ``defer_cleanup()`` return completed blocks
     without blocking; out of memory, ``release_unused`` and ``reset`` wait for
     every pending fence.
+
+    Attributes
+    ----------
+    resets : int
+        How many times ``reset()`` has run (Numba resets a context's manager
+        when it closes the context): a caller that keeps this manager for
+        later can tell whether the context it checked may be gone.
     """
 
     #: Class-level options set by ``use_numba_bfc`` (constructor arguments win).
@@ -380,6 +387,7 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         self._all_tracked: list[tuple[_TrackedBackend, bool]] = []  # (backend, owned)
         self._owns_backend = False
         self._ctx_ref = None if context is None else _weak(context)
+        self.resets = 0
 
     # ------------------------------------------------------------------ EMM interface
     @property
@@ -448,7 +456,13 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
                         held += self._small.bytes_held
                     if size > held - frees.live_bytes or len(frees.entries) > frees.reclaim_at:
                         self._reclaim_for_locked(size)
-            addr = self._allocate_locked(size)
+            alloc = self._allocator
+            if alloc is None:
+                alloc = self._ensure_allocator_locked()
+            try:
+                addr = alloc.allocate_raw(size)
+            except OutOfMemoryError as err:
+                addr = self._allocate_after_oom_locked(alloc, size, err)
             frees = self._frees  # the first allocation made it
             frees.live_bytes += size + 511 & ~511
         # functools.partial of deque.append: the release runs no Python code
@@ -504,6 +518,7 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
         driver frees everything itself).
         """
         with self._lock:
+            self.resets += 1
             frees, self._frees = self._frees, PendingFrees()
             all_tracked = self._all_tracked
             self._allocator = None
@@ -788,12 +803,9 @@ class NumbaBFCMemoryManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
             return sum(t.bytes_held for t, _ in self._all_tracked) < held
         return False
 
-    def _allocate_locked(self, size: int) -> int:
-        alloc = self._ensure_allocator_locked()
-        try:
-            return alloc.allocate_raw(size)
-        except OutOfMemoryError as err:
-            last = err
+    def _allocate_after_oom_locked(self, alloc: Any, size: int, err: OutOfMemoryError) -> int:
+        """Serve ``size`` after ``alloc.allocate_raw`` failed with ``err``, or raise."""
+        last = err
         limit = getattr(alloc, "memory_limit", None)
         if self._defer_depth or (limit is not None and size > limit):
             raise CudaOutOfMemoryError(last)

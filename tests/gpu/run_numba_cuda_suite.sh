@@ -14,7 +14,8 @@
 #          fake_libcuda.c) instead of a GPU: tests that launch kernels then fail
 #          under both managers, so compare the two columns.
 # Output:  OUTPUT_DIR/{numba_bfc,default}.xml (JUnit), .log, manager-*.txt,
-#          summary.md. Exit status 0 when no test fails only with numba_bfc.
+#          summary.md. Exit status 0 when no test fails only with numba_bfc,
+#          except those that fail with any pool (ANY_POOL below, with reasons).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -128,6 +129,18 @@ import xml.etree.ElementTree as ET
 
 out = sys.argv[1]
 
+# Failures expected with any manager that sub-allocates (docs/gpu.md), by the
+# end of the test's name: they do not count against numba_bfc.
+ANY_POOL = {
+    "TestIpcMemory::test_ipc_handle":
+        "sends the IPC handle's raw bytes and size to the child but not its offset; a "
+        "pooled block lies at an offset in its region (IpcHandle.open() applies it)",
+}
+
+
+def any_pool_reason(test):
+    return next((why for end, why in ANY_POOL.items() if test.endswith(end)), None)
+
 
 def results(label):
     path = os.path.join(out, f"{label}.xml")
@@ -165,8 +178,12 @@ for label, res in (("numba_bfc", ours), ("default", base)):
 only_ours = sorted(t for t, v in ours.items()
                    if v == "failed" and (base is None or base.get(t) != "failed"))
 both = sorted(t for t, v in ours.items() if v == "failed" and base and base.get(t) == "failed")
+expected = [t for t in only_ours if any_pool_reason(t)]
+only_ours = [t for t in only_ours if not any_pool_reason(t)]
 lines += ["", f"## Failing only with numba_bfc ({len(only_ours)})", ""]
 lines += [f"- `{t}`" for t in only_ours] or ["(none)"]
+lines += ["", f"## Failing only with numba_bfc, as with any pool ({len(expected)})", ""]
+lines += [f"- `{t}`: {any_pool_reason(t)}" for t in expected] or ["(none)"]
 lines += ["", f"## Failing with both managers ({len(both)})", ""]
 lines += [f"- `{t}`" for t in both] or ["(none)"]
 with open(os.path.join(out, "summary.md"), "w") as f:
