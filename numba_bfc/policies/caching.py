@@ -321,13 +321,13 @@ def pool_insert(chunks, bins, regions, state, h):
 
 
 @inner
-def take_block(chunks, bins, regions, pmap, state, h, requested):
-    """PyTorch's ``alloc_found_block``: hand out the front of free block ``h``.
+def take_block(chunks, bins, regions, pmap, state, h, requested, size):
+    """PyTorch's ``alloc_found_block``: hand out the front of free block ``h``
+    for ``requested`` bytes, ``size`` after ``round_size``.
 
     The caller checked that rows and a pointer-map slot are available.
     """
     pool = field(regions, field(chunks, h, "region"), "bin")
-    size = round_size(requested, state)
     remove_free(chunks, bins, state, h)
     already_split = is_split(chunks, h)
     # PyTorch leaves expandable blocks out of inactive_split.
@@ -385,7 +385,7 @@ def caching_allocate(chunks, bins, regions, pmap, state, requested):
         if r < 0:
             return r
         h = field(regions, r, "first")
-    return take_block(chunks, bins, regions, pmap, state, h, requested)
+    return take_block(chunks, bins, regions, pmap, state, h, requested, size)
 
 
 @inner
@@ -542,7 +542,8 @@ def caching_allocate_from_segment(chunks, bins, regions, pmap, state, r, request
     """Serve ``requested`` bytes from the fresh segment in region row ``r``."""
     if not room_for_operation(pmap, state):
         return NEED_ROWS
-    return take_block(chunks, bins, regions, pmap, state, field(regions, r, "first"), requested)
+    return take_block(chunks, bins, regions, pmap, state, field(regions, r, "first"), requested,
+                      round_size(requested, state))
 
 
 @inner
@@ -753,7 +754,7 @@ def caching_take_block_op(state, h, requested):
     chunks, bins, regions, pmap, _, st = table_views(state)
     if not room_for_operation(pmap, st):
         return NEED_ROWS
-    return take_block(chunks, bins, regions, pmap, st, h, requested)
+    return take_block(chunks, bins, regions, pmap, st, h, requested, round_size(requested, st))
 
 
 @operation
