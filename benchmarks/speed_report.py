@@ -268,6 +268,52 @@ print(*out, *ooms)  # ns per event, then failures, trace by trace
 """
 
 
+_TURNS = r"""
+import sys
+from numba_bfc.traces import replay
+from numba_bfc.traces.data import bundled_names, load_bundled
+factor, repeat = float(sys.argv[1]), int(sys.argv[2])
+out = {"bfc": [], "compact": []}
+for name in bundled_names():
+    trace = load_bundled(name)
+    limit = int(factor * int(trace.live_bytes().max())) if factor else None
+    best = {}
+    for r in range(repeat):
+        for policy in out if r % 2 == 0 else reversed(out):  # neither always first
+            seconds = replay(trace, policy, limit=limit).seconds
+            best[policy] = min(best.get(policy, seconds), seconds)
+    for policy in out:
+        out[policy].append(best[policy] / len(trace) * 1e9)
+print(*out["bfc"], *out["compact"])  # ns per event, trace by trace
+"""
+
+
+def turns_section(repeat: int, rounds: int) -> list[str]:
+    """Compact against bfc with the two policies taking turns on each trace in
+    one process, so that both meet the same spells of the machine (the tables
+    above measure each policy in processes of its own)."""
+    names = bundled_names()
+    lines = [f"Compact against bfc, the two taking turns on each trace in one process, ns per "
+             f"event (best of {repeat} replays each, the least of {rounds} processes):", "",
+             "| trace | bfc unlimited | compact | compact / bfc | bfc 1.25x | compact | "
+             "compact / bfc |", "|---|---:|---:|---:|---:|---:|---:|"]
+    columns = []
+    for _label, factor in LIMITS:
+        best: list[float] | None = None
+        for _ in range(rounds):
+            figures = [float(x) for x in _python(_TURNS, [str(factor or 0), str(repeat)])]
+            best = figures if best is None else [min(a, b) for a, b in zip(best, figures)]
+        best = _least(("turns", factor, repeat), best)
+        columns.append((best[:len(names)], best[len(names):]))
+    for k, name in enumerate(names):
+        cells = []
+        for bfc, compact in columns:
+            cells += [f"{bfc[k]:.0f}", f"{compact[k]:.0f}", f"{compact[k] / bfc[k]:.2f}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
 def before_section(before: str | None, repeat: int, rounds: int) -> list[str]:
     """Batch replay of every policy on this code and the earlier code, side by
     side (the peers' table above has only this code)."""
@@ -445,6 +491,7 @@ def main(argv=None) -> int:
                 "each pass)." if args.passes > 1 else ""), ""]
     for _ in range(args.passes):  # the last pass's text has every figure's least
         body = replay_section(args.peers, args.repeat, args.rounds)
+        body += turns_section(args.repeat, args.rounds)
         body += before_section(args.before, args.repeat, args.rounds)
         if args.peers:
             body += warm_section(args.peers, args.repeat)

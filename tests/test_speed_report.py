@@ -47,3 +47,16 @@ def test_fewer_than_one_pass_round_or_replay_is_refused(report, option, capsys):
         report.main([option, "0"])
     assert stop.value.code == 2
     assert "must be at least 1" in capsys.readouterr().err
+
+
+def test_compact_against_bfc_takes_each_policys_least_process(report, monkeypatch):
+    names = report.bundled_names()
+    n = len(names)
+    # Two processes per limit: bfc's figures, then compact's, trace by trace.
+    outputs = iter([[40.0] * n + [50.0] * n, [30.0] * n + [60.0] * n,  # unlimited
+                    [20.0] * n + [10.0] * n, [25.0] * n + [12.0] * n])  # 1.25x
+    monkeypatch.setattr(report, "_python",
+                        lambda *args, **kwargs: [str(x) for x in next(outputs)])
+    lines = report.turns_section(repeat=3, rounds=2)
+    assert f"| {names[0]} | 30 | 50 | 1.67 | 20 | 10 | 0.50 |" in lines
+    assert sum(line.startswith("| ") for line in lines) == n + 1  # the head and each trace
