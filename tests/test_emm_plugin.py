@@ -5,6 +5,7 @@ fake context object: Numba's ``MemoryPointer``, ``DeviceNDArray`` and the
 plugin-selection machinery work without a GPU; only driver calls do not.
 """
 
+import gc
 import inspect
 import pickle
 import subprocess
@@ -365,6 +366,24 @@ def test_cupy_allocator_checks_each_new_context_once(monkeypatch, fresh_cupy_che
     assert first.allocator.get_stats().bytes_in_use == 0
     del blocks
     assert second.allocator.get_stats().bytes_in_use == 0
+
+
+def test_cupy_allocator_keeps_no_manager_alive(monkeypatch, fresh_cupy_checks):
+    """What the allocator remembers of a checked manager does not keep it (nor
+    the context it holds) alive once Numba is done with the context."""
+    from numba_bfc.integrations import cupy as cupy_integration
+
+    mgr = make_manager()
+    mgr.context.memory_manager = mgr
+    _cupy_sees(monkeypatch, mgr.context)
+    block = cupy_integration.cupy_allocator(4096)
+    del block
+    manager_ref, resets = cupy_integration._checked_managers[0]
+    assert manager_ref() is mgr and resets == mgr.resets == 0
+    mgr.context.memory_manager = None  # Numba lets go of the context and its manager
+    del mgr
+    gc.collect()
+    assert manager_ref() is None
 
 
 def test_cupy_allocator_checks_each_device_once(monkeypatch, fresh_cupy_checks):

@@ -24,6 +24,7 @@ next allocation checks the device's new context.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -56,11 +57,16 @@ class _PoolBlock:
         self._release()
 
 
-# Per device: the manager of the last context found to be Numba's current one
-# with a numba_bfc manager, and that manager's reset count then. Numba resets
-# a context's manager when it closes the context, so an unchanged count means
-# the context checked is still the device's primary one.
-_checked_managers: dict[int, tuple[Any, int]] = {}
+# Per device: a weak reference to the manager of the last context found to be
+# Numba's current one with a numba_bfc manager (a manager holds its context,
+# which a closed context must not outlive here), and that manager's reset count
+# then. Numba resets a context's manager when it closes the context, so an
+# unchanged count means the context checked is still the device's primary one.
+_checked_managers: dict[int, tuple[Callable[[], Any], int]] = {}
+
+
+def _never_checked() -> None:
+    return None
 
 
 # numba.cuda, imported at the first check (an import statement at every
@@ -86,7 +92,7 @@ def _check_manager(device_id: int) -> Any:
             f"numba_bfc.cupy_allocator: CuPy's current device is {device_id} but Numba's "
             f"current context is on device {int(mgr.context.device.id)}; select the same "
             "device in both")
-    _checked_managers[device_id] = (mgr, mgr.resets)
+    _checked_managers[device_id] = (weakref.ref(mgr), mgr.resets)
     return mgr
 
 
@@ -114,10 +120,9 @@ def cupy_allocator(nbytes: int) -> Any:
     """
     cupy = _cupy()
     device_id = cupy.cuda.runtime.getDevice()
-    checked = _checked_managers.get(device_id)
-    if checked is not None and checked[0].resets == checked[1]:
-        mgr = checked[0]
-    else:
+    manager_ref, resets = _checked_managers.get(device_id, (_never_checked, -1))
+    mgr = manager_ref()
+    if mgr is None or mgr.resets != resets:
         mgr = _check_manager(device_id)
     address, release = mgr.allocate_block(nbytes)
     stream = cupy.cuda.get_current_stream()
