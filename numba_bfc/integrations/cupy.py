@@ -57,16 +57,18 @@ class _PoolBlock:
         self._release()
 
 
-# Per device: a weak reference to the manager of the last context found to be
-# Numba's current one with a numba_bfc manager (a manager holds its context,
-# which a closed context must not outlive here), and that manager's reset count
-# then. Numba resets a context's manager when it closes the context, so an
-# unchanged count means the context checked is still the device's primary one.
-_checked_managers: dict[int, tuple[Callable[[], Any], int]] = {}
-
-
 def _never_checked() -> None:
     return None
+
+
+# Per device: a weak reference to the manager of the last context found to be
+# Numba's current one with a numba_bfc manager (a manager holds its context,
+# and a closed context should not stay alive through this table), and that
+# manager's reset count then. Numba resets a context's manager when it closes
+# the context, so an unchanged count means the context checked is still the
+# device's primary one.
+_checked_managers: dict[int, tuple[Callable[[], Any], int]] = {}
+_UNCHECKED = (_never_checked, -1)  # a device not checked yet (made once, not per call)
 
 
 # numba.cuda, imported at the first check (an import statement at every
@@ -120,7 +122,7 @@ def cupy_allocator(nbytes: int) -> Any:
     """
     cupy = _cupy()
     device_id = cupy.cuda.runtime.getDevice()
-    manager_ref, resets = _checked_managers.get(device_id, (_never_checked, -1))
+    manager_ref, resets = _checked_managers.get(device_id, _UNCHECKED)
     mgr = manager_ref()
     if mgr is None or mgr.resets != resets:
         mgr = _check_manager(device_id)
