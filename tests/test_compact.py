@@ -20,7 +20,7 @@ from numba_bfc import (
 )
 from numba_bfc.backends import HostSubAllocator, VirtualSubAllocator
 from numba_bfc.cli.replay import main as replay_main
-from numba_bfc.policies.compact import LEASE_LOG_PIECES
+from numba_bfc.policies.compact import LEASE_LOG_PIECES, MAX_INTERNAL_FRAGMENTATION
 from numba_bfc.testing import ReferenceBFCAllocator, ReferenceCompactAllocator
 from numba_bfc.testing.invariants import check_invariants
 from numba_bfc.traces import POLICIES, Trace, min_limit, replay
@@ -42,13 +42,33 @@ def make(cls=CompactAllocator, limit=64 * MiB, page=PAGE, threshold=4 * PAGE, sm
 
 
 # ---------------------------------------------------------------------- the rules
-def test_always_splits_to_the_rounded_request():
+def test_splits_down_to_the_rounded_request():
     a = make()
     p = a.allocate_raw(100_000)
     # BFC would hand out a whole chunk smaller than twice the request.
     assert a.allocated_size(p) == 100_096
     q = a.allocate_raw(20_000)
     assert q == p + 100_096 and a.allocated_size(q) == 20_224
+    check_invariants(a)
+
+
+@pytest.mark.parametrize("cls", [CompactAllocator, ReferenceCompactAllocator])
+@pytest.mark.parametrize("hole, wanted, handed_out", [
+    (16_384 + MAX_INTERNAL_FRAGMENTATION, 16_384, 16_384),  # would leave 4 KiB: split
+    (16_384 + MAX_INTERNAL_FRAGMENTATION - 256, 16_384, 20_224),  # 3,840 B, < request: whole
+    (1_536, 512, 512),  # would leave 1 KiB, more than the request: split
+    (2_048, 1_280, 2_048),  # would leave 768 B, less than the request: whole
+])
+def test_a_chunk_stays_whole_when_less_than_4_kib_and_the_request_would_be_left(
+        cls, hole, wanted, handed_out):
+    a = make(cls)
+    h = a.allocate_raw(hole)
+    a.allocate_raw(256)  # keeps the hole apart from the free tail after it
+    a.deallocate_raw(h)
+    used = a.get_stats().bytes_in_use
+    p = a.allocate_raw(wanted)
+    assert p == h and a.allocated_size(p) == handed_out
+    assert a.get_stats().bytes_in_use == used + handed_out
     check_invariants(a)
 
 

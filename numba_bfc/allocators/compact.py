@@ -69,8 +69,9 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     """Best fit with coalescing, tuned for the smallest memory footprint.
 
     BFC's kernels and out-of-memory path with five changes (see README,
-    "The compact policy"): a chunk is always split down to the rounded
-    request; requests below ``small_size`` have a space (backend) of their
+    "The compact policy"): a chunk is split down to the rounded request
+    unless that would leave less than the request and less than 4 KiB;
+    requests below ``small_size`` have a space (backend) of their
     own; a space grows by the pages a request is short of (at least
     min(8 pages, pool / 8) within the limit), as one contiguous range on a
     coalescing backend; whole free backend pieces at the end of a space go

@@ -3,7 +3,8 @@
 The compact policy keeps BFC's chunk machinery (best fit, coalescing, the
 ``BFCBase`` out-of-memory path) and changes four things:
 
-* it always splits a chunk down to the rounded request;
+* it splits a chunk down to the rounded request unless that would leave less
+  than the request and less than 4 KiB (``MAX_INTERNAL_FRAGMENTATION``);
 * requests below ``small_size`` live in a space of their own (a second
   backend, ``small_backend``), so short-lived small blocks do not pin holes
   between large ones;
@@ -39,7 +40,13 @@ from sortedcontainers import SortedDict
 
 from .._gc_pause import gc_paused
 from ..backends.ranges import play_log_on_map
-from ..policies.compact import GROWTH_FRACTION, GROWTH_PAGES, LARGE_SPACE, SMALL_SPACE
+from ..policies.compact import (
+    GROWTH_FRACTION,
+    GROWTH_PAGES,
+    LARGE_SPACE,
+    MAX_INTERNAL_FRAGMENTATION,
+    SMALL_SPACE,
+)
 from ._options import resolve_compact_options
 from .bfc_base import MIN_ALLOCATION
 
@@ -81,8 +88,7 @@ class CompactGrowth:
         self.release_threshold = opts.release_threshold
         self.small_size = opts.small_size if small_backend is not None else 0
         self._space_backends = (backend, small_backend)
-        # Split whenever the remainder is a chunk of its own.
-        self._max_internal_fragmentation = MIN_ALLOCATION
+        self._max_internal_fragmentation = MAX_INTERNAL_FRAGMENTATION
         # Backend allocations: ptr -> (size, space) (see _pieces); and the span
         # each space has used.
         self._piece_map: SortedDict = SortedDict()
