@@ -3,7 +3,7 @@
 Run from the project root::
 
     python benchmarks/speed_report.py --peers ../shared/peers --before OLD \
-        --write docs/performance.md
+        --write docs/performance.md --summary README.md
 
 (``OLD``: a checkout of earlier code, e.g. ``git worktree add OLD <commit>``.)
 
@@ -20,7 +20,9 @@ another, and keeps each figure's least: a busy spell of the machine lasts
 minutes, and spoils one pass's figures instead of the report's. ``--write``
 replaces the text between the page's
 ``<!-- speed-report:begin -->`` and ``<!-- speed-report:end -->`` markers;
-without it the section is printed.
+without it the section is printed. ``--summary README.md`` (with ``--peers``)
+also replaces the README's sentence between ``<!-- speed-summary:begin -->``
+and ``<!-- speed-summary:end -->`` with the ratios to the peers of this run.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from numba_bfc.traces import make_allocator, replay
 from numba_bfc.traces.data import bundled_names, load_bundled
 
 BEGIN, END = "<!-- speed-report:begin -->", "<!-- speed-report:end -->"
+SUMMARY_BEGIN, SUMMARY_END = "<!-- speed-summary:begin -->", "<!-- speed-summary:end -->"
 MiB = 1 << 20
 LIMITS = (("80 GiB", None), ("1.25x peak live", 1.25))
 
@@ -56,6 +59,8 @@ def _least(key: tuple, figures: list[float]) -> list[float]:
 
 
 _peer_rows_so_far: dict[tuple, dict] = {}  # peer_rows' merged rows, over the passes
+# replay_section's ratios to the peers, per limit label: its last pass's (each figure's least).
+_peer_ratios: dict[str, dict[str, list[float]]] = {}
 
 
 def peer_rows(peers: str, factor: float | None, repeat: int, rounds: int = 1) -> list[dict]:
@@ -132,6 +137,7 @@ def replay_section(peers: str | None, repeat: int, rounds: int) -> list[str]:
             ratios["compact"].append(cns / bns)
             lines.append(row + f" {cns:.0f} | {cns / bns:.2f} |")
         if peers:
+            _peer_ratios[label] = ratios
             same = sum(r["identical"] for r in rows)
             lines += ["", f"Identical decisions to the peers: {same} of {len(rows)} "
                       f"(peak in use, peak reserved, backend calls, OOMs, every placement). "
@@ -140,6 +146,38 @@ def replay_section(peers: str | None, repeat: int, rounds: int) -> list[str]:
                       f"{max(ratios['compact']):.2f}."]
         lines.append("")
     return lines
+
+
+def summary_sentence(ratios: dict[str, dict[str, list[float]]]) -> str:
+    """The README's sentence on the peers: the range of bfc / TF BFC and caching /
+    TinyTorch over the bundled traces at each limit (``LIMITS``' labels)."""
+    def span(values: list[float]) -> str:
+        return f"{min(values):.2f}-{max(values):.2f}x"
+
+    (free, _), (tight, _) = LIMITS
+    worst = max(max(ratios[label][p]) for label in (free, tight) for p in ("bfc", "caching"))
+    how_long = ("at most as long" if worst <= 1.0
+                else f"up to {worst:.2f}x as long")
+    return (f"Against those peers, their kernels take {how_long} per event: replaying the "
+            f"bundled traces without a limit takes {span(ratios[free]['bfc'])} the time of "
+            f"TF's BFC and {span(ratios[free]['caching'])} that of TinyTorch's cache, and at "
+            f"1.25x their peak {span(ratios[tight]['bfc'])} and "
+            f"{span(ratios[tight]['caching'])} (measured {time.strftime('%Y-%m-%d')}, "
+            f"[Speed](docs/performance.md)).")
+
+
+def replace_marked(page: str, begin: str, end: str, text: str) -> str | None:
+    """``page`` with the text between ``begin`` and ``end`` replaced by ``text``
+    (the markers kept), or None if it lacks either marker."""
+    if begin not in page or end not in page.split(begin, 1)[1]:
+        return None
+    head, rest = page.split(begin, 1)
+    return head + begin + text + end + rest.split(end, 1)[1]
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
 
 
 def _peer_warm(peers: str, binary: str, path: str, repeat: int) -> float:
@@ -465,24 +503,33 @@ def main(argv=None) -> int:
                          "which lasts minutes, then spoils one pass's figures, not the report")
     ap.add_argument("--write", metavar="PAGE",
                     help="replace the marked section of this file (docs/performance.md)")
+    ap.add_argument("--summary", metavar="README",
+                    help="with --peers: also replace the marked sentence of this file "
+                         "(README.md) with the ratios to the peers")
     ap.add_argument("--before", metavar="TREE",
                     help="a checkout of earlier code: replays, failures, min_limit, pairs and "
                          "start-up are also measured on it, side by side")
     args = ap.parse_args(argv)
     if args.passes < 1 or args.rounds < 1 or args.repeat < 1:
         ap.error("--passes, --rounds and --repeat must be at least 1")
+    if args.summary and not args.peers:
+        ap.error("--summary needs --peers (its figures are the ratios to the peers)")
+    for page, begin, end in ((args.write, BEGIN, END),
+                             (args.summary, SUMMARY_BEGIN, SUMMARY_END)):
+        if page and replace_marked(_read(page), begin, end, "") is None:
+            ap.error(f"{page} has no {begin} ... {end} section")
     cpu = platform.processor() or platform.machine()
     before = ""
     if args.before:
         commit = subprocess.run(["git", "-C", args.before, "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True).stdout.strip()
         before = f" \"before\" is the code at {commit or args.before}."
-    lines = [BEGIN, "",
+    lines = ["", "",
              f"Generated by `python benchmarks/speed_report.py"
              f"{' --peers PEERS' if args.peers else ''}"
              f"{' --before TREE' if args.before else ''} --repeat {args.repeat} --rounds "
              f"{args.rounds}{f' --passes {args.passes}' if args.passes > 1 else ''} --write "
-             f"{args.write or 'PAGE'}` on "
+             f"{args.write or 'PAGE'}{' --summary README.md' if args.summary else ''}` on "
              f"{time.strftime('%Y-%m-%d')}: {os.cpu_count()} cores ({cpu}), Python "
              f"{platform.python_version()}, one run, nothing else running. Every figure of a "
              f"table comes from the same run.{before}"
@@ -498,20 +545,16 @@ def main(argv=None) -> int:
         body += oom_section(args.before, args.rounds)
         body += pair_section(args.before, args.rounds)
         body += start_section(args.before, args.rounds)
-    lines += body
-    lines.append(END)
-    text = "\n".join(lines)
+    text = "\n".join(lines + body) + "\n"
     if not args.write:
-        print(text)
-        return 0
-    with open(args.write) as f:
-        readme = f.read()
-    if BEGIN not in readme or END not in readme:
-        print(f"error: {args.write} has no {BEGIN} ... {END} section", file=sys.stderr)
-        return 2
-    head, rest = readme.split(BEGIN, 1)
-    with open(args.write, "w") as f:
-        f.write(head + text + rest.split(END, 1)[1])
+        print(BEGIN + text + END)
+    sections = [(args.write, BEGIN, END, lambda: text),
+                (args.summary, SUMMARY_BEGIN, SUMMARY_END, lambda: summary_sentence(_peer_ratios))]
+    for page, begin, end, new in sections:
+        if page:
+            new_page = replace_marked(_read(page), begin, end, new())
+            with open(page, "w") as f:
+                f.write(new_page)
     return 0
 
 
