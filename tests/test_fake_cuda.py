@@ -509,11 +509,13 @@ def test_numba_cuda_own_tests_pass_as_with_numbas_manager(tmp_path):
     """numba-cuda's allocation, context, IPC and array test modules, run by
     ``tests/gpu/run_numba_cuda_suite.sh`` on the fake driver with numba_bfc and
     with Numba's default manager: none fails only with numba_bfc (tests that
-    launch kernels fail under both)."""
+    launch kernels fail under both). The interpreter is given by a path
+    relative to the project root, which the script must resolve before it
+    changes folders."""
     pytest.importorskip("filecheck")  # numba.cuda.testing imports it
     done = subprocess.run(["bash", str(GPU_DIR / "run_numba_cuda_suite.sh"), str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT,
-                          env=_env(PYTHON=sys.executable), timeout=900)
+                          env=_env(PYTHON=os.path.relpath(sys.executable, ROOT)), timeout=900)
     summary = tmp_path / "summary.md"
     assert done.returncode == 0, (summary.read_text() if summary.exists() else
                                   done.stdout[-4000:] + done.stderr[-4000:])

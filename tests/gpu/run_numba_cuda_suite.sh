@@ -23,6 +23,8 @@ OUT=${1:-$ROOT/numba_cuda_suite_results}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python}
+# A relative interpreter path must still name it after the cd into the work folder.
+if [[ $PY == */* ]]; then PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY"); fi
 MODULE=${NUMBA_BFC_EMM_MODULE:-numba_bfc}
 export PYTHONPATH="$ROOT:$ROOT/tests/gpu${PYTHONPATH:+:$PYTHONPATH}"
 
