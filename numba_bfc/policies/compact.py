@@ -131,8 +131,8 @@ GROWTH_FRACTION = 8
 #: rounded size, and less than that size. Measured against splitting every
 #: chunk (one quantum) on the bundled traces: the same peak reserved bytes and
 #: smallest workable limits, peak bytes in use at most 0.4% higher
-#: (``generate_kv``), and 5-13% less time per event where compact splits
-#: most (``gpt_train``, ``generate_kv``).
+#: (``generate_kv``), and 15% less time per event on ``gpt_train``
+#: (docs/policies.md, "The compact policy").
 MAX_INTERNAL_FRAGMENTATION = 4096
 
 
