@@ -149,35 +149,63 @@ def replay_section(peers: str | None, repeat: int, rounds: int) -> list[str]:
 
 
 def summary_sentence(ratios: dict[str, dict[str, list[float]]]) -> str:
-    """The README's sentence on the peers: the range of bfc / TF BFC and caching /
-    TinyTorch over the bundled traces at each limit (``LIMITS``' labels)."""
+    """The README's sentence on the peers.
+
+    Parameters
+    ----------
+    ratios
+        Per ``LIMITS`` label, ``{"bfc": [...], "caching": [...]}``: bfc / TF BFC
+        and caching / TinyTorch per event, one per bundled trace.
+
+    Returns
+    -------
+    str
+        Each ratio's range at each limit, and whether any is above 1.
+    """
     def span(values: list[float]) -> str:
         return f"{min(values):.2f}-{max(values):.2f}x"
 
-    (free, _), (tight, _) = LIMITS
-    worst = max(max(ratios[label][p]) for label in (free, tight) for p in ("bfc", "caching"))
-    how_long = ("at most as long" if worst <= 1.0
-                else f"up to {worst:.2f}x as long")
+    (free, _), (tight, factor) = LIMITS
+    worst = round(max(max(ratios[label][p]) for label in (free, tight)
+                      for p in ("bfc", "caching")), 2)
+    how_long = "at most as long" if worst <= 1 else f"up to {worst:.2f}x as long"
     return (f"Against those peers, their kernels take {how_long} per event: replaying the "
             f"bundled traces without a limit takes {span(ratios[free]['bfc'])} the time of "
             f"TF's BFC and {span(ratios[free]['caching'])} that of TinyTorch's cache, and at "
-            f"1.25x their peak {span(ratios[tight]['bfc'])} and "
+            f"{factor:g}x their peak {span(ratios[tight]['bfc'])} and "
             f"{span(ratios[tight]['caching'])} (measured {time.strftime('%Y-%m-%d')}, "
             f"[Speed](docs/performance.md)).")
 
 
 def replace_marked(page: str, begin: str, end: str, text: str) -> str | None:
-    """``page`` with the text between ``begin`` and ``end`` replaced by ``text``
-    (the markers kept), or None if it lacks either marker."""
+    """Replace the marked part of a page.
+
+    Parameters
+    ----------
+    page
+        The page's text.
+    begin, end
+        The markers, kept; the first ``end`` after the first ``begin`` closes.
+    text
+        What goes between them.
+
+    Returns
+    -------
+    str or None
+        The new page, or None if it lacks either marker (in that order).
+    """
     if begin not in page or end not in page.split(begin, 1)[1]:
         return None
     head, rest = page.split(begin, 1)
     return head + begin + text + end + rest.split(end, 1)[1]
 
 
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _peer_warm(peers: str, binary: str, path: str, repeat: int) -> float:
@@ -514,9 +542,13 @@ def main(argv=None) -> int:
         ap.error("--passes, --rounds and --repeat must be at least 1")
     if args.summary and not args.peers:
         ap.error("--summary needs --peers (its figures are the ratios to the peers)")
-    for page, begin, end in ((args.write, BEGIN, END),
-                             (args.summary, SUMMARY_BEGIN, SUMMARY_END)):
-        if page and replace_marked(_read(page), begin, end, "") is None:
+    targets = [(page, begin, end) for page, begin, end in
+               ((args.write, BEGIN, END), (args.summary, SUMMARY_BEGIN, SUMMARY_END)) if page]
+    for page, begin, end in targets:
+        text = _read(page)
+        if text is None:
+            ap.error(f"cannot read {page}")
+        if replace_marked(text, begin, end, "") is None:
             ap.error(f"{page} has no {begin} ... {end} section")
     cpu = platform.processor() or platform.machine()
     before = ""
@@ -529,7 +561,7 @@ def main(argv=None) -> int:
              f"{' --peers PEERS' if args.peers else ''}"
              f"{' --before TREE' if args.before else ''} --repeat {args.repeat} --rounds "
              f"{args.rounds}{f' --passes {args.passes}' if args.passes > 1 else ''} --write "
-             f"{args.write or 'PAGE'}{' --summary README.md' if args.summary else ''}` on "
+             f"{args.write or 'PAGE'}{f' --summary {args.summary}' if args.summary else ''}` on "
              f"{time.strftime('%Y-%m-%d')}: {os.cpu_count()} cores ({cpu}), Python "
              f"{platform.python_version()}, one run, nothing else running. Every figure of a "
              f"table comes from the same run.{before}"
@@ -548,13 +580,21 @@ def main(argv=None) -> int:
     text = "\n".join(lines + body) + "\n"
     if not args.write:
         print(BEGIN + text + END)
-    sections = [(args.write, BEGIN, END, lambda: text),
-                (args.summary, SUMMARY_BEGIN, SUMMARY_END, lambda: summary_sentence(_peer_ratios))]
-    for page, begin, end, new in sections:
-        if page:
-            new_page = replace_marked(_read(page), begin, end, new())
-            with open(page, "w") as f:
-                f.write(new_page)
+    # Every page's new text first, so that a page changed during the run
+    # fails the write without emptying any.
+    new_texts = {BEGIN: text}
+    if args.summary:
+        new_texts[SUMMARY_BEGIN] = summary_sentence(_peer_ratios)
+    pages = [(page, replace_marked(_read(page) or "", begin, end, new_texts[begin]))
+             for page, begin, end in targets]
+    for page, new_page in pages:
+        if new_page is None:
+            print(f"error: {page} lost its markers (or cannot be read) during the run; "
+                  "nothing written", file=sys.stderr)
+            return 2
+    for page, new_page in pages:
+        with open(page, "w") as f:
+            f.write(new_page)
     return 0
 
 

@@ -53,21 +53,26 @@ def test_splits_down_to_the_rounded_request():
 
 
 @pytest.mark.parametrize("cls", [CompactAllocator, ReferenceCompactAllocator])
-@pytest.mark.parametrize("hole, wanted, handed_out", [
-    (16_384 + MAX_INTERNAL_FRAGMENTATION, 16_384, 16_384),  # would leave 4 KiB: split
-    (16_384 + MAX_INTERNAL_FRAGMENTATION - 256, 16_384, 20_224),  # 3,840 B, < request: whole
-    (1_536, 512, 512),  # would leave 1 KiB, more than the request: split
-    (2_048, 1_280, 2_048),  # would leave 768 B, less than the request: whole
+@pytest.mark.parametrize("hole, wanted, alignment, handed_out", [
+    (16_384 + MAX_INTERNAL_FRAGMENTATION, 16_384, 256, 16_384),  # would leave 4 KiB: split
+    (16_384 + MAX_INTERNAL_FRAGMENTATION - 256, 16_384, 256, 20_224),  # 3,840 B < request: whole
+    (1_536, 512, 256, 512),  # would leave 1 KiB, more than the request: split
+    (2_048, 1_280, 256, 2_048),  # would leave 768 B, less than the request: whole
+    # The hole starts 768 B short of a 1 KiB boundary: that padding is cut off
+    # first, then the rule applies to the rest.
+    (768 + 16_384 + MAX_INTERNAL_FRAGMENTATION, 16_384, 1024, 16_384),
+    (768 + 16_384 + MAX_INTERNAL_FRAGMENTATION - 256, 16_384, 1024, 20_224),
 ])
-def test_a_chunk_stays_whole_when_less_than_4_kib_and_the_request_would_be_left(
-        cls, hole, wanted, handed_out):
+def test_a_chunk_stays_whole_when_less_than_the_request_and_4_kib_would_be_left(
+        cls, hole, wanted, alignment, handed_out):
     a = make(cls)
+    a.allocate_raw(256)  # the hole starts 256 B past the space's first page
     h = a.allocate_raw(hole)
     a.allocate_raw(256)  # keeps the hole apart from the free tail after it
     a.deallocate_raw(h)
     used = a.get_stats().bytes_in_use
-    p = a.allocate_raw(wanted)
-    assert p == h and a.allocated_size(p) == handed_out
+    p = a.allocate_raw(wanted, alignment)
+    assert p == -(-h // alignment) * alignment and a.allocated_size(p) == handed_out
     assert a.get_stats().bytes_in_use == used + handed_out
     check_invariants(a)
 

@@ -130,7 +130,7 @@ GROWTH_FRACTION = 8
 #: many bytes, so an allocation holds at most 4 KiB - 256 bytes beyond its
 #: rounded size, and less than that size. Measured against splitting every
 #: chunk (one quantum) on the bundled traces: the same peak reserved bytes and
-#: smallest workable limits, peak bytes in use at most 0.4% higher
+#: smallest workable limits, peak bytes in use at most 0.36% higher
 #: (``generate_kv``), and 15% less time per event on ``gpt_train``
 #: (docs/policies.md, "The compact policy").
 MAX_INTERNAL_FRAGMENTATION = 4096

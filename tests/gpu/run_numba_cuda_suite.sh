@@ -24,7 +24,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python}
 # A relative interpreter path must still name it after the cd into the work folder.
-if [[ $PY == */* ]]; then PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY"); fi
+if [[ $PY == */* ]]; then PY=$(CDPATH= cd "$(dirname "$PY")" && pwd)/$(basename "$PY"); fi
 MODULE=${NUMBA_BFC_EMM_MODULE:-numba_bfc}
 export PYTHONPATH="$ROOT:$ROOT/tests/gpu${PYTHONPATH:+:$PYTHONPATH}"
 
