@@ -1,4 +1,5 @@
-"""Trace replay: the batch kernel vs one Python API call per event, side by side.
+"""Trace replay: the batch kernel vs one Python API call per event, side by side;
+and ``run_batch`` on a whole trace, its ids small or numbered first.
 
 Run: ``PYTHONPATH=. python -m pytest benchmarks/test_bench_traces.py -q
 --benchmark-columns=min,median,rounds``. Each group is one bundled trace x
@@ -50,4 +51,21 @@ def test_replay_python_loop(benchmark, name, policy):
     python_loop(trace, make_allocator(policy))
     benchmark.pedantic(lambda a: python_loop(trace, a),
                        setup=lambda: ((make_allocator(policy),), {}), rounds=20)
+    _rate(benchmark, trace)
+
+
+@pytest.mark.parametrize("ids", ["slots", "slots + 2**40"])
+@pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
+def test_run_batch(benchmark, policy, ids):
+    """The public batch call on ``generate_kv_large`` (a fresh allocator per
+    round), beside ``test_replay_kernel`` of the same group: ids that index its
+    pairing table as they are, and ids it must number first (a sort)."""
+    name = "generate_kv_large"
+    trace = TRACES[name]
+    labels = trace.slots() + (1 << 40 if ids != "slots" else 0)
+    benchmark.group = f"{name}/{policy}"
+    make_allocator(policy).run_batch(trace.ops, labels, trace.sizes)
+    out = benchmark.pedantic(lambda a: a.run_batch(trace.ops, labels, trace.sizes),
+                             setup=lambda: ((make_allocator(policy),), {}), rounds=20)
+    assert (out[trace.ops == 0] > 0).all()
     _rate(benchmark, trace)

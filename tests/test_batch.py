@@ -2,10 +2,14 @@
 
 import numpy as np
 import pytest
+from _support import batch_program
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from numba_bfc import BFCAllocator, InvalidPointerError, OutOfMemoryError
 from numba_bfc.backends import VirtualSubAllocator
 from numba_bfc.testing.invariants import check_invariants
+from numba_bfc.traces import make_allocator
 
 MiB = 1 << 20
 
@@ -49,3 +53,21 @@ def test_batch_rejects_bad_arrays():
         a.run_batch(np.array([0, 1, 1]), np.array([0, 0, 0]), np.array([100, 0, 0]))
     with pytest.raises(InvalidPointerError, match="operation 0 frees id 5"):
         a.run_batch(np.array([1]), np.array([5]), np.array([0]))
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
+@settings(max_examples=25, deadline=None)
+@given(program=st.lists(st.tuples(st.booleans(), st.integers(1, 1 << 20), st.integers(0, 99)),
+                        max_size=80),
+       scatter=st.integers(0, 7), offset=st.sampled_from([0, 1 << 16, 1 << 40, (1 << 62) - 1]))
+def test_ids_pair_the_same_whether_they_index_the_table_or_are_numbered_first(
+        policy, program, scatter, offset):
+    """``run_batch`` uses small ids as table indices and numbers large ones
+    first (``_pairing_slots``): ids spread over any range, reused once freed,
+    give the addresses of ids 0..k-1."""
+    ops, ids, sizes = batch_program(program)
+    spread = [offset + (i << scatter) for i in ids]  # in int64: at most 2**62 + 80 * 2**7
+    dense, sparse = make_allocator(policy), make_allocator(policy)
+    assert (sparse.run_batch(ops, spread, sizes).tolist()
+            == dense.run_batch(ops, ids, sizes).tolist())
+    check_invariants(sparse)
