@@ -48,15 +48,19 @@ _DIRECT_IDS_PER_OPERATION = 4
 _DIRECT_IDS_FLOOR = 1 << 16
 
 
-def _pairing_slots(ids: np.ndarray) -> np.ndarray:
+def _pairing_slots(ids: np.ndarray) -> tuple[np.ndarray, int]:
     """``run_batch``'s non-negative ``ids`` as indices into its pairing table
-    (allocation slot per id): the ids themselves where the table that takes
-    them stays small, else their rank among the distinct ids (a sort, about
-    70 ns per id for a million: more than the kernels take per operation), so
-    that a large id costs no table of that size."""
-    if not ids.size or int(ids.max()) < _DIRECT_IDS_PER_OPERATION * ids.size + _DIRECT_IDS_FLOOR:
-        return ids
-    return np.unique(ids, return_inverse=True)[1].astype(np.int64).reshape(-1)
+    (allocation slot per id), and the table's length: the ids themselves where
+    that table stays small, else their rank among the distinct ids (a sort,
+    about 70 ns per id for a million: more than the kernels take per
+    operation), so that a large id costs no table of that size."""
+    if not ids.size:
+        return ids, 1
+    top = int(ids.max())
+    if top < _DIRECT_IDS_PER_OPERATION * ids.size + _DIRECT_IDS_FLOOR:
+        return ids, top + 1
+    distinct, ranks = np.unique(ids, return_inverse=True)
+    return ranks.astype(np.int64, copy=False).reshape(-1), distinct.size
 
 
 def _integer_array(values, name: str) -> np.ndarray:
@@ -454,8 +458,8 @@ class TableStore:
             raise ValueError("ids must be >= 0")
         if sizes.size and sizes.min() < 0:
             raise ValueError("sizes must be >= 0")
-        slots = _pairing_slots(ids)
-        id_ptr = np.full(int(slots.max()) + 1 if slots.size else 1, -1, dtype=np.int64)
+        slots, num_slots = _pairing_slots(ids)
+        id_ptr = np.full(num_slots, -1, dtype=np.int64)
         out = np.zeros(ops.shape[0], dtype=np.int64)
         with self._lock:
             self._drive_batch(ops.astype(np.int8), slots, sizes, alignment,
