@@ -87,6 +87,27 @@ def test_the_checked_mode_refuses_wrong_types(monkeypatch):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
+def test_the_single_call_kernels_take_the_state_address_and_refuse_the_array(policy):
+    """The single-call allocate and free take the state's data address
+    (``kernels.guard.state_at``): the address serves, and the array itself
+    fails typing (Numba's ``TypingError``) instead of being lowered into
+    invalid code."""
+    from numba.core.errors import TypingError
+
+    a = make_allocator(policy, 1 << 30)
+    a.deallocate_raw(a.allocate_raw(1000))  # a region to allocate from
+    allocate, deallocate = type(a)._ALLOCATE.dispatcher, type(a)._DEALLOCATE.dispatcher
+    p = allocate(a._state_address, 1000, True)
+    assert p > 0 and a.allocated_size(p) >= 1000
+    assert a.get_stats().num_allocs == 2
+    assert deallocate(a._state_address, p, True) >= 1000
+    assert a.get_stats().bytes_in_use == 0
+    for kernel, value in ((allocate, 1000), (deallocate, p)):
+        with pytest.raises(TypingError):
+            kernel(a._state, value, True)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("ops,ids,sizes", [
     (np.zeros((2, 2), dtype=np.int64), [1, 2], [10, 10]),
     ([0, 0], np.ones((2, 1), dtype=np.int64), [10, 10]),

@@ -42,8 +42,8 @@ FACTORIES = {"bfc": _bfc, "caching": _caching, "compact": _compact}
 
 def _unlocked(a):
     """The policy's allocate and free kernels, called as by a caller without the lock."""
-    return (lambda st, n: a._ALLOCATE.call(st, n, False),
-            lambda st, p: a._DEALLOCATE.call(st, p, False))
+    return (lambda n: a._ALLOCATE.call(a._state_address, n, False),
+            lambda p: a._DEALLOCATE.call(a._state_address, p, False))
 
 
 def _snapshot(a):
@@ -57,14 +57,14 @@ def test_unlocked_kernels_step_aside_while_the_lock_is_held(kind):
     alloc, free = _unlocked(a)
     with a._lock:
         before = _snapshot(a)
-        assert alloc(a._state, 4096) == L.TABLES_BUSY
-        assert free(a._state, ptrs[0]) == L.TABLES_BUSY
+        assert alloc(4096) == L.TABLES_BUSY
+        assert free(ptrs[0]) == L.TABLES_BUSY
         after = _snapshot(a)
         assert all(np.array_equal(x, y) for x, y in zip(before, after))
     # Released: the same calls go through without the façade.
-    p = alloc(a._state, 4096)
+    p = alloc(4096)
     assert p > 0 and a.requested_size(p) == 4096
-    assert free(a._state, ptrs[0]) > 0
+    assert free(ptrs[0]) > 0
     assert a._lookup(ptrs[0]) is None
     check_invariants(a)
 
@@ -152,7 +152,7 @@ def test_without_a_gil_every_call_takes_the_lock(monkeypatch):
     assert a._state[L.S_LOCK_DEPTH] == 1
     got = [a.allocate_raw(n) for n in sizes]
     assert got == expected
-    assert _unlocked(a)[0](a._state, 1000) == L.TABLES_BUSY
+    assert _unlocked(a)[0](1000) == L.TABLES_BUSY
     for p in got[::2]:
         a.deallocate_raw(p)
     assert a._state[L.S_LOCK_DEPTH] == 1
@@ -166,14 +166,14 @@ def test_caching_steps_aside_while_the_gc_clock_runs():
                          garbage_collection_threshold=0.8)
     alloc, _ = _unlocked(a)
     a.deallocate_raw(a.allocate_raw(1000))
-    assert alloc(a._state, 1000) == L.TABLES_BUSY
+    assert alloc(1000) == L.TABLES_BUSY
 
 
 def test_compact_free_steps_aside_when_a_give_back_may_be_due():
     a = CompactAllocator(VirtualSubAllocator(contiguous=True), memory_limit=64 * MiB,
                          page_size=64 << 10, release_threshold=64 << 10)
     p = a.allocate_raw(1000)
-    assert _unlocked(a)[1](a._state, p) == L.TABLES_BUSY
+    assert _unlocked(a)[1](p) == L.TABLES_BUSY
     a.deallocate_raw(p)  # through the lock, which gives the tail back
     assert a.get_stats().bytes_reserved == 0
 

@@ -303,7 +303,7 @@ def test_the_bfc_kernel_leaves_to_the_slow_path_what_could_succeed(setup, monkey
         a.deallocate_raw(p)  # queued, not merged: the slow path merges it
         a.set_timing_counter(None)
     with a._lock:  # the kernel itself leaves it to the slow path (and changes nothing)
-        assert a._ALLOCATE.call(a._state, 48 * MiB, True) == layout.NOT_FOUND
+        assert a._ALLOCATE.call(a._state_address, 48 * MiB, True) == layout.NOT_FOUND
     calls = _slow_path_calls(a, monkeypatch)
     _failure(a)
     assert len(calls) == 1

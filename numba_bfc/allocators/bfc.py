@@ -107,20 +107,20 @@ class BFCAllocator(TableStore, BFCBase):
     # under the lock; everything unusual goes to BFCBase.
     def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION,
                      attributes=None, *, freed_before: int = 0) -> int:
-        state, call, largest = self._fast_allocate
+        address, call, largest = self._fast_allocate
         # The common call, tested cheapest first (a default or small-int 256 is
         # the same object as MIN_ALLOCATION; any other alignment goes the long way).
         if not (alignment is MIN_ALLOCATION and attributes is None and not freed_before
                 and type(num_bytes) is int and 0 < num_bytes <= largest):
             return super().allocate_raw(num_bytes, alignment, attributes,
                                         freed_before=freed_before)
-        p = call(state, num_bytes, False)
+        p = call(address, num_bytes, False)
         if p > 0:
             return p
         if p == _FAILED_HERE:
             raise self._failed_here(num_bytes)
         with self._lock:
-            p = call(state, num_bytes, True)
+            p = call(address, num_bytes, True)
             if p > 0:
                 return p
             if p == _FAILED_HERE:
@@ -140,13 +140,13 @@ class BFCAllocator(TableStore, BFCBase):
                              self._state.item(L.S_FAILED_LARGEST_FREE))
 
     def deallocate_raw(self, ptr: int | None) -> None:
-        state, call, largest = self._fast_deallocate
+        address, call, largest = self._fast_deallocate
         if type(ptr) is not int or not 0 < ptr <= largest:
             return super().deallocate_raw(ptr)
-        if call(state, ptr, False) >= 0:
+        if call(address, ptr, False) >= 0:
             return
         with self._lock:
-            if call(state, ptr, True) < 0:
+            if call(address, ptr, True) < 0:
                 raise self._invalid_pointer(ptr)
 
     # ------------------------------------------------------------------ chunk store
@@ -188,9 +188,10 @@ class BFCAllocator(TableStore, BFCBase):
         # The kernels align to at least their quantum (MIN_ALLOCATION), so a smaller
         # alignment is the common request.
         if alignment <= MIN_ALLOCATION and not freed_before:
-            p = self._until_room(self._ALLOCATE.call, n, True)
+            p = self._until_room(self._ALLOCATE.call, self._state_address, n, True)
         else:
-            p = self._until_room(self._ALLOCATE_ALIGNED.call, n, alignment, freed_before, True)
+            p = self._until_room(self._ALLOCATE_ALIGNED.call, self._state, n, alignment,
+                                 freed_before, True)
         return p if p > 0 else 0
 
     def _add_region(self, ptr: int, size: int, pool_bin: int = L.NO_HANDLE) -> None:
@@ -206,7 +207,7 @@ class BFCAllocator(TableStore, BFCBase):
             if count:
                 r = _DEALLOCATE_TIMESTAMPED.call(self._state, ptr, count)
             else:
-                r = self._DEALLOCATE.call(self._state, ptr, True)
+                r = self._DEALLOCATE.call(self._state_address, ptr, True)
             if r != L.NEED_ROWS:
                 return r > 0
             self._grow_tables()

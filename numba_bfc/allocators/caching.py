@@ -140,20 +140,20 @@ class CachingAllocator(TableStore, CachingBase):
     # under the lock; everything unusual goes to CachingBase.
     def allocate_raw(self, num_bytes: int, alignment: int = C.MIN_BLOCK_SIZE,
                      attributes=None) -> int:
-        state, call, largest = self._fast_allocate
+        address, call, largest = self._fast_allocate
         # The default alignment (the same object as MIN_BLOCK_SIZE) is tested first.
         if not (type(num_bytes) is int and 0 < num_bytes <= largest and attributes is None
                 and (alignment is C.MIN_BLOCK_SIZE
                      or (type(alignment) is int and 0 < alignment <= C.MIN_BLOCK_SIZE
                          and not alignment & (alignment - 1)))):
             return super().allocate_raw(num_bytes, alignment, attributes)
-        p = call(state, num_bytes, False)
+        p = call(address, num_bytes, False)
         if p > 0:
             return p
         if p == _FAILED_HERE:
             raise self._failed_here(num_bytes)
         with self._lock:
-            p = call(state, num_bytes, True)
+            p = call(address, num_bytes, True)
             if p > 0:
                 return p
             if p == _FAILED_HERE:
@@ -164,15 +164,15 @@ class CachingAllocator(TableStore, CachingBase):
             return self._malloc(num_bytes)
 
     def deallocate_raw(self, ptr: int | None) -> None:
-        state, call, largest = self._fast_deallocate
+        address, call, largest = self._fast_deallocate
         if type(ptr) is not int or not 0 < ptr <= largest:
             return super().deallocate_raw(ptr)
-        if call(state, ptr, False) >= 0:
+        if call(address, ptr, False) >= 0:
             return
         with self._lock:
             if self._deferred_frees is not None:
                 return self._free(ptr)  # a free while the slow path holds blocks: later
-            if call(state, ptr, True) < 0:
+            if call(address, ptr, True) < 0:
                 self._free(ptr)  # not live: the base class names the problem
 
     # ------------------------------------------------------------------ table store
@@ -248,7 +248,7 @@ class CachingAllocator(TableStore, CachingBase):
         return int(_ROUND_SIZE.call(n, self._state))
 
     def _find_block(self, n: int) -> int:
-        p = self._until_room(_ALLOCATE.call, n, True)
+        p = self._until_room(_ALLOCATE.call, self._state_address, n, True)
         if p == _FAILED_HERE:
             raise self._failed_here(n)
         return p if p > 0 else 0
@@ -289,8 +289,8 @@ class CachingAllocator(TableStore, CachingBase):
 
     def _take_from_segment(self, segment: int, n: int) -> int:
         if isinstance(segment, _Grown):
-            return int(self._until_room(_TAKE_BLOCK.call, int(segment), n))
-        return int(self._until_room(_FROM_SEGMENT.call, segment, n))
+            return int(self._until_room(_TAKE_BLOCK.call, self._state, int(segment), n))
+        return int(self._until_room(_FROM_SEGMENT.call, self._state, segment, n))
 
     def _release_segment(self, segment: int) -> tuple[int, int]:
         base = int(self._regions[segment]["base"])
@@ -298,7 +298,7 @@ class CachingAllocator(TableStore, CachingBase):
         return base, size
 
     def _free_block(self, ptr: int) -> int | None:
-        r = _DEALLOCATE.call(self._state, ptr, True)
+        r = _DEALLOCATE.call(self._state_address, ptr, True)
         return None if r < 0 else int(r)
 
     def _whole_free_segments(self) -> list[int]:
@@ -412,7 +412,8 @@ class CachingAllocator(TableStore, CachingBase):
         reserved = self._reserve_address_space(page, size)
         if reserved is None:
             return None
-        r = self._until_room(_ADD_EXPANDABLE.call, reserved[0], reserved[1], pool, page)
+        r = self._until_room(_ADD_EXPANDABLE.call, self._state, reserved[0], reserved[1], pool,
+                             page)
         return int(self._regions[r]["first"])
 
     def _map_block(self, h: int, size: int) -> int | None:
@@ -424,7 +425,7 @@ class CachingAllocator(TableStore, CachingBase):
         nbytes = (last - first) * page
         if not self._map_pages(ptr, nbytes):
             return None
-        return int(self._until_room(_MAP_BLOCK.call, h, nbytes))
+        return int(self._until_room(_MAP_BLOCK.call, self._state, h, nbytes))
 
     def _unmap_free_blocks(self, pool: int, blocks: list[tuple[int, int]]) -> None:
         for size, ptr in blocks:
@@ -439,7 +440,7 @@ class CachingAllocator(TableStore, CachingBase):
                 continue  # no whole page inside
             start, nbytes = base + first * page, (last - first) * page
             self._unmap_pages(start, nbytes)
-            u = int(self._until_room(_UNMAP_BLOCK.call, h, start, nbytes))
+            u = int(self._until_room(_UNMAP_BLOCK.call, self._state, h, start, nbytes))
             if self._chunks[u]["prev"] == L.NO_HANDLE and self._chunks[u]["next"] == L.NO_HANDLE:
                 _RELEASE_EXPANDABLE.call(self._state, r)  # nothing of it is mapped
                 self._release_address_space(base)

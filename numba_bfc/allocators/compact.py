@@ -137,8 +137,8 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
 
     def deallocate_raw(self, ptr: int | None) -> None:
         # Lock-free first (the kernel steps aside when a give-back may become due).
-        state, call, largest = self._fast_deallocate
-        if type(ptr) is int and 0 < ptr <= largest and call(state, ptr, False) >= 0:
+        address, call, largest = self._fast_deallocate
+        if type(ptr) is int and 0 < ptr <= largest and call(address, ptr, False) >= 0:
             return
         super().deallocate_raw(ptr)
 

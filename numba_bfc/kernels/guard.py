@@ -24,6 +24,15 @@ else changes nothing and answers ``TABLES_BUSY`` (the façade then takes the
 lock and calls again with ``locked`` true).
 
 Kernels must therefore never be compiled with ``nogil=True``.
+
+The single-call allocate and free of each policy, the calls a program makes
+most, take the state's data address instead of the state (``state_at``
+rebuilds it): Numba's wrapper unboxes an array argument into a
+reference-counted structure on every call (an allocation, an atomic
+increment and decrement, a free; about 50 ns of a 230 ns call here,
+``docs/performance.md``), an int in a few ns. The façade creates the state
+array once, keeps it for the allocator's life and never replaces it, so the
+address it passes stays valid.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from .layout import (
     S_PMAP_SLOTS,
     S_REGION_ROWS,
     S_REGIONS_ADDR,
+    S_STATE_SLOTS,
     S_TSQ_ADDR,
     S_TSQ_SLOTS,
 )
@@ -60,6 +70,8 @@ def _view(typingctx, address, rows, cols, dtype):
     (not None). One intrinsic where ``numba.carray`` of a typed pointer costs
     an overload compiled per dtype and a dozen typed statements per view at a
     cold start."""
+    if not isinstance(address, types.Integer) or not isinstance(rows, types.Integer):
+        return None  # a typing error naming the arguments, not invalid machine code
     two_d = isinstance(cols, types.Integer)
     array_type = types.Array(dtype.dtype, 2 if two_d else 1, "C")
     sig = array_type(address, rows, cols, dtype)
@@ -87,6 +99,14 @@ def may_proceed(state, locked):
     """True if a kernel may touch the tables: its caller holds the façade's
     lock (``locked``), or no thread does."""
     return locked or state[S_LOCK_DEPTH] == 0
+
+
+@njit(cache=True, inline="always")
+def state_at(address):
+    """The state array whose data starts at ``address``, owning no memory:
+    its length is its slot ``S_STATE_SLOTS``."""
+    slots = _view(address, S_STATE_SLOTS + 1, None, INT64)[S_STATE_SLOTS]
+    return _view(address, slots, None, INT64)
 
 
 @njit(cache=True, inline="always")

@@ -132,6 +132,9 @@ S_FAIL_LIMIT = 11
 # The size the kernel's ``FAILED_HERE`` failed, rounded as the policy's error
 # reports it (the caching policy: the segment it would have needed).
 S_FAILED_ROUNDED = 22
+# The state's own length: a kernel given only the state's address (the
+# single-call allocate and free, ``kernels.guard.state_at``) reads it here.
+S_STATE_SLOTS = 23
 S_MAX_INTERNAL_FRAGMENTATION = 12  # BFC split threshold, bytes
 S_MIN_ALLOCATION = 13  # rounding quantum (256 for BFC)
 S_TSQ_HEAD = 14  # timestamped-chunk queue (ring buffer) head
@@ -212,6 +215,7 @@ def new_tables(num_bins: int, min_allocation: int, chunk_rows: int = 1024,
     state[S_MIN_ALLOCATION] = min_allocation
     state[S_NUM_BINS] = num_bins
     state[S_SPACE_BINS] = space_bins
+    state[S_STATE_SLOTS] = state.shape[0]
     tsq = np.zeros((queue_slots, 2), dtype=np.int64)
     _chain_rows(chunks, state, 0, chunk_rows)
     return chunks, bins, regions, pmap, state, tsq

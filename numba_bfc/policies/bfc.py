@@ -26,7 +26,7 @@ from ..kernels.chunks import (
     try_to_coalesce,
 )
 from ..kernels.fields import field, set_field
-from ..kernels.guard import may_proceed, table_views
+from ..kernels.guard import may_proceed, state_at, table_views
 from ..kernels.jit import inner, njit, operation
 from ..kernels.layout import (
     FAILED_HERE,
@@ -233,18 +233,19 @@ def fails_without_growth(state, rounded, freed_before):
 
 
 @operation
-def bfc_allocate_op(state, num_bytes, locked):
+def bfc_allocate_op(state_address, num_bytes, locked):
     """``bfc_allocate`` of ``num_bytes`` aligned to the quantum, with no timing
-    count (the façade's common request), on the tables the state records.
-    With ``locked`` false (a caller without the façade's lock) it answers
-    ``TABLES_BUSY``, changing nothing, while the lock is held
-    (``kernels.guard``).
+    count (the façade's common request), on the tables the state at
+    ``state_address`` records (``kernels.guard.state_at``). With ``locked``
+    false (a caller without the façade's lock) it answers ``TABLES_BUSY``,
+    changing nothing, while the lock is held (``kernels.guard``).
 
     Where no chunk fits and the slow path could only fail
     (``fails_without_growth``), it answers ``FAILED_HERE`` and records the
     largest free chunk in ``state[S_FAILED_LARGEST_FREE]``; nothing else
     changes.
     """
+    state = state_at(state_address)
     return _allocate_on_tables(state, num_bytes, state[S_MIN_ALLOCATION], UNTAGGED, locked)
 
 
@@ -273,9 +274,10 @@ def _allocate_on_tables(state, num_bytes, alignment, freed_before, locked):
 
 
 @operation
-def bfc_deallocate_op(state, ptr, locked):
+def bfc_deallocate_op(state_address, ptr, locked):
     """``bfc_deallocate`` on the recorded tables; see ``bfc_allocate_op`` for
-    ``locked``."""
+    ``state_address`` and ``locked``."""
+    state = state_at(state_address)
     if not may_proceed(state, locked):
         return TABLES_BUSY
     chunks, bins, regions, pmap, _, st = table_views(state)

@@ -43,7 +43,7 @@ from ..kernels.chunks import (
     try_to_coalesce,
 )
 from ..kernels.fields import field, set_field
-from ..kernels.guard import may_proceed, table_views
+from ..kernels.guard import may_proceed, state_at, table_views
 from ..kernels.jit import helper, inner, njit, operation
 from ..kernels.layout import (
     FAILED_HERE,
@@ -758,10 +758,11 @@ def caching_take_block_op(state, h, requested):
 
 
 @operation
-def caching_allocate_op(state, requested, locked):
-    """``caching_allocate`` on the tables the state records. With ``locked``
-    false (a caller without the façade's lock) it answers ``TABLES_BUSY``,
-    changing nothing, while the lock is held (``kernels.guard``), and while
+def caching_allocate_op(state_address, requested, locked):
+    """``caching_allocate`` on the tables the state at ``state_address``
+    records (``kernels.guard.state_at``). With ``locked`` false (a caller
+    without the façade's lock) it answers ``TABLES_BUSY``, changing nothing,
+    while the lock is held (``kernels.guard``), and while
     the GC age clock runs, because a missed lookup counts on it and the
     locked retry would count it twice.
 
@@ -773,6 +774,7 @@ def caching_allocate_op(state, requested, locked):
     size in ``state[S_FAILED_ROUNDED]`` and the largest free block in
     ``state[S_FAILED_LARGEST_FREE]``; nothing else changes.
     """
+    state = state_at(state_address)
     if not locked and state[C_GC_ACTIVE]:
         return TABLES_BUSY
     if not may_proceed(state, locked):
@@ -791,8 +793,9 @@ def caching_allocate_op(state, requested, locked):
 
 
 @operation
-def caching_deallocate_op(state, ptr, locked):
+def caching_deallocate_op(state_address, ptr, locked):
     """``caching_deallocate`` on the recorded tables; see ``caching_allocate_op``."""
+    state = state_at(state_address)
     if not may_proceed(state, locked):
         return TABLES_BUSY
     chunks, bins, regions, pmap, _, st = table_views(state)

@@ -39,7 +39,7 @@ from ..kernels.chunks import (
     whole_pages,
 )
 from ..kernels.fields import field
-from ..kernels.guard import may_proceed, table_views
+from ..kernels.guard import may_proceed, state_at, table_views
 from ..kernels.jit import inner, njit, operation
 from ..kernels.layout import (
     FAILED_HERE,
@@ -600,9 +600,10 @@ def compact_deallocate(chunks, bins, regions, pmap, state, ptr):
 
 
 @operation
-def compact_allocate_op(state, num_bytes, locked):
+def compact_allocate_op(state_address, num_bytes, locked):
     """``compact_allocate`` of ``num_bytes`` aligned to the quantum, with no
-    timing count, on the tables the state records (as ``bfc_allocate_op``).
+    timing count, on the tables the state at ``state_address`` records (as
+    ``bfc_allocate_op``).
     With ``locked`` false (a caller without the façade's lock) it answers
     ``TABLES_BUSY``, changing nothing, while the lock is held
     (``kernels.guard``).
@@ -612,6 +613,7 @@ def compact_allocate_op(state, num_bytes, locked):
     the largest free chunk in ``state[S_FAILED_LARGEST_FREE]``; nothing else
     changes.
     """
+    state = state_at(state_address)
     return _allocate_on_tables(state, num_bytes, state[S_MIN_ALLOCATION], UNTAGGED, locked)
 
 
@@ -695,11 +697,13 @@ def compact_slow_path_op(state, num_bytes, alignment):
 
 
 @operation
-def compact_deallocate_op(state, ptr, locked):
-    """``compact_deallocate`` on the recorded tables. With ``locked`` false it
+def compact_deallocate_op(state_address, ptr, locked):
+    """``compact_deallocate`` on the tables the state at ``state_address``
+    records (as ``bfc_deallocate_op``). With ``locked`` false it
     also steps aside when a free may make a give-back due (a release threshold
     is set), since that decision must stay under the lock with the free.
     (Timestamped frees are BFC's: ``bfc_deallocate_timestamped_op``.)"""
+    state = state_at(state_address)
     if not locked and state[S_RELEASE_THRESHOLD] > 0:
         return TABLES_BUSY
     if not may_proceed(state, locked):
