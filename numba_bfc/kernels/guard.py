@@ -1,7 +1,8 @@
 """How a kernel called from Python reaches the tables, with or without the lock.
 
 Every kernel the façade calls (an *operation*: ``*_op`` in ``policies`` and
-``kernels.operations``) takes ``state`` and scalars only. The façade records
+``kernels.operations``) takes ``state`` and scalars only (the single-call
+allocate and free: the state's address, below). The façade records
 each table's data address and length in the state whenever it installs a
 table (always under its lock), and ``table_views`` rebuilds the arrays from
 them inside the kernel. So:
