@@ -72,11 +72,11 @@ def _run_churn_on_kernels(a, live, churn):
     """``_run_churn`` calling the compiled kernels the API's fast path calls
     (``TableStore._arm_fast_paths``), with the arguments it passes, and no
     Python method around them."""
-    state, allocate, _ = a._fast_allocate
+    address, allocate, _ = a._fast_allocate
     _, deallocate, _ = a._fast_deallocate
     for slot, size in churn:
-        deallocate(state, live[slot], False)
-        live[slot] = allocate(state, size, False)
+        deallocate(address, live[slot], False)
+        live[slot] = allocate(address, size, False)
 
 
 @pytest.mark.benchmark(group="pair-parts")

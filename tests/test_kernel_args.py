@@ -90,8 +90,8 @@ def test_the_checked_mode_refuses_wrong_types(monkeypatch):
 def test_the_single_call_kernels_take_the_state_address_and_refuse_the_array(policy):
     """The single-call allocate and free take the state's data address
     (``kernels.guard.state_at``): the address serves, and the array itself
-    fails typing (Numba's ``TypingError``) instead of being lowered into
-    invalid code."""
+    fails typing through the dispatcher (Numba's ``TypingError``, not invalid
+    code) and unboxing through the compiled entry point (``TypeError``)."""
     from numba.core.errors import TypingError
 
     a = make_allocator(policy, 1 << 30)
@@ -105,6 +105,11 @@ def test_the_single_call_kernels_take_the_state_address_and_refuse_the_array(pol
     for kernel, value in ((allocate, 1000), (deallocate, p)):
         with pytest.raises(TypingError):
             kernel(a._state, value, True)
+    # The façade's path: the compiled entry point, once a first call compiled it.
+    for handle, value in ((type(a)._ALLOCATE, 1000), (type(a)._DEALLOCATE, p)):
+        assert handle.fast
+        with pytest.raises(TypeError):
+            handle.call(a._state, value, True)
 
 
 @pytest.mark.parametrize("policy", POLICIES)

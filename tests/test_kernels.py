@@ -171,6 +171,17 @@ def test_ordered_set_with_two_part_keys_matches_sorted_list(ops, queries):
         assert before == i - 1
 
 
+def test_the_shared_state_slots_are_distinct_and_below_the_policies_slots():
+    """Every ``S_*`` slot of ``layout`` is its own, below ``STATE_SIZE`` (where
+    the policies' own slots start), and a fresh state records its length."""
+    slots = {name: value for name, value in vars(L).items()
+             if name.startswith("S_") and isinstance(value, int)}
+    assert len(set(slots.values())) == len(slots), slots
+    assert all(0 <= value < L.STATE_SIZE for value in slots.values()), slots
+    state = L.new_tables(4, 256, state_size=L.STATE_SIZE + 7)[4]
+    assert state[L.S_STATE_SLOTS] == state.shape[0] == L.STATE_SIZE + 7
+
+
 def test_pointer_map_matches_dict():
     rng = random.Random(5)
     pmap = np.zeros((1 << 14, 2), dtype=np.int64)

@@ -1,7 +1,9 @@
 """Table layouts shared by every kernel: structured dtypes and state slots.
 
 The allocator's whole state lives in five NumPy arrays, so kernels take arrays
-and scalars only and the Python façade can grow, copy or inspect them.
+and scalars only and the Python façade can grow, copy or inspect them. The
+state array itself is made once and never replaced: the single-call allocate
+and free are given its address (``kernels.guard.state_at``).
 
 Chunk table (``CHUNK_DTYPE``), one row per chunk; a row index is a chunk handle.
 Unused rows are chained through ``next`` into a free-handle list.

@@ -324,6 +324,9 @@ def _check_tables(a) -> None:
                               (a._tsq, L.S_TSQ_ADDR, L.S_TSQ_SLOTS)):
         _require(st[addr] == table.ctypes.data and st[rows] == table.shape[0],
                  "the state does not locate the current tables")
+    # The single-call allocate and free find the state by its address (state_at).
+    _require(st[L.S_STATE_SLOTS] == st.shape[0] and a._state_address == st.ctypes.data,
+             "the state's recorded length or address is not the state's")
     _require(st[L.S_LOCK_DEPTH] == a._lock.rest_depth + 1,
              f"lock depth {st[L.S_LOCK_DEPTH]} while only the checker holds the lock")
     live = np.flatnonzero(chunks["size"] > 0)
