@@ -34,12 +34,30 @@ def test_a_later_pass_writes_the_least_start_up_times(report, monkeypatch):
                    + ["0.4 6.0"] + ["0.4 0.3"] * 3 + ["0.4 3.0"] + ["0.4 0.3"] * 3
                    + ["0.4 2.0"] + ["0.4 0.3"] * 3)  # pass 2
     monkeypatch.setattr(report, "_python", lambda *args, **kwargs: next(outputs).split())
+    compiled = []
+    monkeypatch.setattr(report, "_write_bytecode", compiled.append)
     first = report.start_section(None, 1)
     second = report.start_section(None, 1)
+    assert compiled == [None, None]  # this tree's bytecode, before each pass's figures
     assert "| allocation | now | 0.30 | 5.00 | 0.20 |" in first
     assert "| allocation | now | 0.30 | 5.00 | 0.20 |" in second
     assert "| replay | now | 0.30 | 3.00 | 0.20 |" in second
     assert "| plan | now | 0.30 | 1.00 | 0.20 |" in second
+
+
+def test_processes_read_and_write_bytecode_and_the_package_is_compiled(report, monkeypatch,
+                                                                        tmp_path):
+    """Start-up is measured as an installed package runs: bytecode written
+    once, then read, whatever the environment says."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    code = "import os, sys; print(os.environ.get('PYTHONDONTWRITEBYTECODE', '-'), " \
+           "int(sys.dont_write_bytecode))"
+    assert report._python(code) == ["-", "0"]
+    package = tmp_path / "numba_bfc"
+    package.mkdir()
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    report._write_bytecode(str(tmp_path))
+    assert list((package / "__pycache__").glob("__init__.*.pyc"))
 
 
 @pytest.mark.parametrize("option", ["--passes", "--rounds", "--repeat"])
