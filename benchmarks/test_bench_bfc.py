@@ -92,6 +92,30 @@ def test_pair_parts(benchmark, cls, calls):
     benchmark(_run_churn if calls == "api" else _run_churn_on_kernels, a, live, churn)
 
 
+@pytest.mark.benchmark(group="lookup")
+@pytest.mark.parametrize("path", ["lock-free", "under-the-lock"])
+@pytest.mark.parametrize("cls", [BFCAllocator, CachingAllocator, CompactAllocator],
+                         ids=["bfc", "caching", "compact"])
+def test_allocated_size(benchmark, cls, path):
+    """``allocated_size`` of 1,000 live allocations: as called, lock-free,
+    and with the caller holding the allocator's lock, so that the kernel steps
+    aside and the façade answers under the lock (the path every lookup took
+    before it was lock-free)."""
+    a, live, _ = _churn_setup(cls, 1000, max_size=4096)
+    size = a.allocated_size
+    benchmark.extra_info["lookups_per_round"] = len(live)
+
+    def run():
+        for p in live:
+            size(p)
+
+    if path == "lock-free":
+        benchmark(run)
+    else:
+        with a._lock:
+            benchmark(run)
+
+
 @pytest.mark.benchmark(group="batch")
 @pytest.mark.parametrize("mode", ["batch", "per-call"])
 @pytest.mark.parametrize("cls", [BFCAllocator, CachingAllocator], ids=["bfc", "caching"])

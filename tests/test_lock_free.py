@@ -70,6 +70,35 @@ def test_unlocked_kernels_step_aside_while_the_lock_is_held(kind):
 
 
 @pytest.mark.parametrize("kind", list(FACTORIES))
+def test_the_lookup_of_a_live_allocation_is_lock_free_and_steps_aside(kind):
+    """``allocated_size`` and its kin read a live allocation's record in one
+    kernel call without the lock; while the lock is held that call steps aside
+    and the façade answers under the lock (here the same thread's: the lock
+    lets it in), and a pointer not live is named under the lock."""
+    a = FACTORIES[kind]()
+    p = a.allocate_raw(5000)
+
+    def lookup(ptr):
+        return _tables._LIVE_CHUNK.call(a._state_address, ptr, False)
+
+    record = (a.requested_size(p), a.allocated_size(p), a.allocation_id(p))
+    assert record[0] == 5000 and record[1] >= 5000 and record[2] > 0
+    assert lookup(p) == (0, *record)
+    with a._lock:
+        before = _snapshot(a)
+        assert lookup(p) == (L.TABLES_BUSY, 0, 0, 0)
+        assert (a.requested_size(p), a.allocated_size(p), a.allocation_id(p)) == record
+        assert all(np.array_equal(x, y) for x, y in zip(before, _snapshot(a)))
+    assert lookup(p + 256) == (L.INVALID_POINTER, 0, 0, 0)
+    with pytest.raises(numba_bfc.InvalidPointerError, match="interior pointer"):
+        a.allocated_size(p + 256)
+    a.deallocate_raw(p)
+    assert lookup(p)[0] == L.INVALID_POINTER
+    with pytest.raises(numba_bfc.InvalidPointerError):
+        a.requested_size(p)
+
+
+@pytest.mark.parametrize("kind", list(FACTORIES))
 def test_a_call_waits_while_another_thread_holds_the_lock(kind):
     a = FACTORIES[kind]()
     p = a.allocate_raw(1000)  # the pool exists: the next allocation is a pure kernel call
@@ -84,12 +113,14 @@ def test_a_call_waits_while_another_thread_holds_the_lock(kind):
     t = threading.Thread(target=holder)
     t.start()
     held.wait()
+    assert a.allocated_size(p) >= 1000  # the lookup, too, waits for the lock
+    done.append(("looked up", time.perf_counter()))
     q = a.allocate_raw(2000)
     done.append(("allocated", time.perf_counter()))
     a.deallocate_raw(p)
     done.append(("freed", time.perf_counter()))
     t.join()
-    assert [what for what, _ in done] == ["released", "allocated", "freed"]
+    assert [what for what, _ in done] == ["released", "looked up", "allocated", "freed"]
     a.deallocate_raw(q)
     check_invariants(a)
 
@@ -115,7 +146,10 @@ def test_tables_regrow_under_concurrent_lock_free_calls(kind):
                     a.deallocate_raw(live.pop(int(rng.integers(len(live))))[0])
                 else:
                     n = int(rng.integers(1, 64 << 10))
-                    live.append((a.allocate_raw(n), n))
+                    p = a.allocate_raw(n)
+                    live.append((p, n))
+                    if a.requested_size(p) != n:  # lock-free, while others regrow
+                        errors.append(f"{tid}: requested_size({p:#x}) is not {n}")
             results[tid] = live
         except Exception as e:  # reported below rather than lost in the thread
             errors.append(f"{tid}: {type(e).__name__}: {e}")

@@ -24,12 +24,12 @@ import numpy as np
 
 from .._gc_pause import pause_gc, resume_gc
 from ..errors import InvalidPointerError, OutOfMemoryError
-from ..framework.validate import MAX_INT64, check_alignment
+from ..framework.validate import MAX_INT64, check_alignment, check_pointer
 from ..kernels import layout as L
 from ..kernels.operations import (
     free_region_rows_op,
     largest_free_chunk_op,
-    map_lookup_op,
+    live_chunk_op,
     map_rehash_op,
     remove_region_op,
 )
@@ -89,7 +89,7 @@ _TABLE_SLOTS = {
 }
 
 _SAMPLE_USAGE = Kernel(sample_usage)
-_MAP_LOOKUP = Kernel(map_lookup_op)
+_LIVE_CHUNK = Kernel(live_chunk_op)
 # Chunk-level operations every table-backed allocator calls.
 REMOVE_REGION = Kernel(remove_region_op)
 LARGEST_FREE_CHUNK = Kernel(largest_free_chunk_op)
@@ -365,11 +365,20 @@ class TableStore:
                 snapshot[L.S_POOL_BYTES], snapshot[L.S_NUM_REGIONS], snapshot[L.S_TSQ_COUNT])
 
     def _lookup(self, ptr: int):
-        h = _MAP_LOOKUP.call(self._state, ptr)
-        if h < 0:
-            return None
-        row = self._chunks[h]
-        return int(row["requested_size"]), int(row["size"]), int(row["allocation_id"])
+        status, requested, size, allocation_id = _LIVE_CHUNK.call(self._state_address, ptr, True)
+        return (requested, size, allocation_id) if status == 0 else None
+
+    def _live(self, ptr) -> tuple[int, int, int]:
+        # Lock-free first (kernels.guard): a live allocation's record is one
+        # kernel call. Busy tables, and a pointer not live (its error reads
+        # the tables), take the lock.
+        p = check_pointer(ptr)
+        if p:
+            status, requested, size, allocation_id = _LIVE_CHUNK.call(self._state_address, p,
+                                                                      False)
+            if status == 0:
+                return requested, size, allocation_id
+        return super()._live(p)
 
     def _records(self) -> np.ndarray:
         # Unmapped address space (expandable segments) is not memory: no record.

@@ -23,8 +23,10 @@ from .chunks import (
     space_regions,
     trim_region,
 )
-from .guard import table_views
+from .fields import field
+from .guard import may_proceed, state_at, table_views
 from .jit import operation
+from .layout import INVALID_POINTER, NO_HANDLE, TABLES_BUSY
 from .ptrmap import map_lookup, map_rehash
 
 
@@ -122,10 +124,23 @@ def join_regions_op(state, ra, rb):
 
 
 @operation
-def map_lookup_op(state, ptr):
-    """``ptrmap.map_lookup`` on the recorded pointer map."""
-    _, _, _, pmap, _, _ = table_views(state)
-    return map_lookup(pmap, ptr)
+def live_chunk_op(state_address, ptr, locked):
+    """``(status, requested_size, size, allocation_id)`` of the live allocation
+    at ``ptr``, on the tables the state at ``state_address`` records (as the
+    single-call allocate and free, ``kernels.guard.state_at``): status 0, or
+    ``INVALID_POINTER`` (nothing live starts there), or ``TABLES_BUSY`` (with
+    ``locked`` false, while the lock is held); the sizes are then 0. One call,
+    lock-free where it may be, for ``allocated_size`` and its kin, which a
+    limiting or tracking adaptor asks on every allocation."""
+    state = state_at(state_address)
+    if not may_proceed(state, locked):
+        return TABLES_BUSY, 0, 0, 0
+    chunks, _, _, pmap, _, _ = table_views(state)
+    h = map_lookup(pmap, ptr)
+    if h == NO_HANDLE:
+        return INVALID_POINTER, 0, 0, 0
+    return (0, field(chunks, h, "requested_size"), field(chunks, h, "size"),
+            field(chunks, h, "allocation_id"))
 
 
 @operation
