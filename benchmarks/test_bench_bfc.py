@@ -99,8 +99,8 @@ def test_pair_parts(benchmark, cls, calls):
 def test_allocated_size(benchmark, cls, path):
     """``allocated_size`` of 1,000 live allocations: as called, lock-free,
     and with the caller holding the allocator's lock, so that the kernel steps
-    aside and the façade answers under the lock (the path every lookup took
-    before it was lock-free)."""
+    aside and the façade answers under the lock (re-entered: no pause of the
+    garbage collector, which taking the lock from rest adds)."""
     a, live, _ = _churn_setup(cls, 1000, max_size=4096)
     size = a.allocated_size
     benchmark.extra_info["lookups_per_round"] = len(live)

@@ -88,28 +88,33 @@ def test_the_checked_mode_refuses_wrong_types(monkeypatch):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_the_single_call_kernels_take_the_state_address_and_refuse_the_array(policy):
-    """The single-call allocate and free take the state's data address
-    (``kernels.guard.state_at``): the address serves, and the array itself
+    """The single-call allocate and free and the lookup take the state's data
+    address (``kernels.guard.state_at``): the address serves, and the array itself
     fails typing through the dispatcher (Numba's ``TypingError``, not invalid
     code) and unboxing through the compiled entry point (``TypeError``)."""
     from numba.core.errors import TypingError
 
+    from numba_bfc.allocators._tables import _LIVE_CHUNK
+
     a = make_allocator(policy, 1 << 30)
     a.deallocate_raw(a.allocate_raw(1000))  # a region to allocate from
     allocate, deallocate = type(a)._ALLOCATE.dispatcher, type(a)._DEALLOCATE.dispatcher
+    lookup = _LIVE_CHUNK.dispatcher
     p = allocate(a._state_address, 1000, True)
-    assert p > 0 and a.allocated_size(p) >= 1000
+    assert p > 0 and a.allocated_size(p) >= 1000  # (the lookup's entry point compiled)
     assert a.get_stats().num_allocs == 2
-    assert deallocate(a._state_address, p, True) >= 1000
-    assert a.get_stats().bytes_in_use == 0
-    for kernel, value in ((allocate, 1000), (deallocate, p)):
+    assert lookup(a._state_address, p, True) == (0, 1000, a.allocated_size(p),
+                                                 a.allocation_id(p))
+    for kernel, value in ((allocate, 1000), (deallocate, p), (lookup, p)):
         with pytest.raises(TypingError):
             kernel(a._state, value, True)
     # The façade's path: the compiled entry point, once a first call compiled it.
-    for handle, value in ((type(a)._ALLOCATE, 1000), (type(a)._DEALLOCATE, p)):
+    for handle, value in ((type(a)._ALLOCATE, 1000), (type(a)._DEALLOCATE, p), (_LIVE_CHUNK, p)):
         assert handle.fast
         with pytest.raises(TypeError):
             handle.call(a._state, value, True)
+    assert deallocate(a._state_address, p, True) >= 1000
+    assert a.get_stats().bytes_in_use == 0
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -1,6 +1,7 @@
 """The lock-free fast path (``numba_bfc.kernels.guard``).
 
-Single allocate/free calls first run a kernel without the façade's lock; it
+Single allocate/free calls, and the lookups of a live allocation
+(``allocated_size`` and its kin), first run a kernel without the façade's lock; it
 must change nothing and step aside (``TABLES_BUSY``) while any thread holds
 the lock, must always see the current tables (they are regrown under the
 lock), and the façade must then finish the call under the lock.
@@ -81,7 +82,23 @@ def test_the_lookup_of_a_live_allocation_is_lock_free_and_steps_aside(kind):
     def lookup(ptr):
         return _tables._LIVE_CHUNK.call(a._state_address, ptr, False)
 
+    lock, taken = a._lock, []
+
+    class CountingLock:  # the façade's lock, counting who takes it
+        def __enter__(self):
+            taken.append(1)
+            return lock.__enter__()
+
+        def __exit__(self, *exc):
+            return lock.__exit__(*exc)
+
+    a._lock = CountingLock()
     record = (a.requested_size(p), a.allocated_size(p), a.allocation_id(p))
+    assert not taken  # three lookups, none took the lock
+    with pytest.raises(numba_bfc.InvalidPointerError):
+        a.allocated_size(p + 256)
+    assert len(taken) == 1  # naming a pointer not live reads the tables under it
+    a._lock = lock
     assert record[0] == 5000 and record[1] >= 5000 and record[2] > 0
     assert lookup(p) == (0, *record)
     with a._lock:

@@ -158,7 +158,8 @@ SNAPSHOT_SLOTS = 1 + max(L.S_NEXT_ALLOCATION_ID, L.S_MAP_COUNT, L.S_POOL_BYTES,
 
 class TableStore:
     """Mixin over ``self._chunks, _bins, _regions, _pmap, _state, _tsq``; the
-    caller holds ``self._lock`` for every method but ``run_batch``."""
+    caller holds ``self._lock`` for every method but ``run_batch`` and
+    ``_live`` (lock-free first, ``kernels.guard``)."""
 
     def _adopt_tables(self, tables) -> None:
         """Take fresh tables from ``layout.new_tables`` and the lock that guards them."""

@@ -72,7 +72,7 @@ class CachingAllocator(TableStore, CachingBase):
     Options not given are read from ``NUMBA_BFC_CONF`` (``max_split_size_mb``,
     ``roundup_power2_divisions``, ``garbage_collection_threshold``,
     ``memory_fraction``, ...), then defaults. Every operation is one kernel
-    call under a lock.
+    call, lock-free where it may be, else under the allocator's lock.
 
     Examples
     --------

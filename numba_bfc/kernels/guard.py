@@ -2,7 +2,8 @@
 
 Every kernel the façade calls (an *operation*: ``*_op`` in ``policies`` and
 ``kernels.operations``) takes ``state`` and scalars only (the single-call
-allocate and free: the state's address, below). The façade records
+allocate and free and the lookup of a live allocation: the state's address,
+below). The façade records
 each table's data address and length in the state whenever it installs a
 table (always under its lock), and ``table_views`` rebuilds the arrays from
 them inside the kernel. So:
@@ -27,8 +28,9 @@ lock and calls again with ``locked`` true).
 Kernels must therefore never be compiled with ``nogil=True``.
 
 The single-call allocate and free of each policy, the calls a program makes
-most, take the state's data address instead of the state (``state_at``
-rebuilds it): Numba's wrapper unboxes an array argument into a
+most, and the lookup of a live allocation (``kernels.operations.live_chunk_op``,
+lock-free first too) take the state's data address instead of the state
+(``state_at`` rebuilds it): Numba's wrapper unboxes an array argument into a
 reference-counted structure on every call (an allocation, an atomic
 increment and decrement, a free; about 50 ns of a 280-300 ns call here,
 ``docs/performance.md``), an int in a few ns. The façade creates the state

@@ -3,7 +3,9 @@
 Each is one helper of ``kernels.chunks`` or ``kernels.ptrmap`` run on the
 tables the state records (``kernels.guard.table_views``), so the helpers are
 compiled once, for the views' types, and pass no reference-counted arrays.
-All are called with the façade's lock held.
+All are called with the façade's lock held, but ``live_chunk_op``: it takes
+the state's address and runs lock-free first, as the single-call allocate
+and free do (``kernels.guard``).
 """
 
 from __future__ import annotations
