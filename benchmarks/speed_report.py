@@ -503,8 +503,9 @@ print(t1 - t0, time.perf_counter() - t1)
 def _write_bytecode(tree: str | None) -> None:
     """Compile ``tree``'s package (else this one) to bytecode, as installing it
     does, so that an import reads it (``_python`` lets processes read it)."""
-    root = tree or os.path.dirname(os.path.dirname(os.path.abspath(numba_bfc.__file__)))
-    compileall.compile_dir(os.path.join(root, "numba_bfc"), quiet=1)
+    package = (os.path.join(tree, "numba_bfc") if tree
+               else os.path.dirname(os.path.abspath(numba_bfc.__file__)))
+    compileall.compile_dir(package, quiet=1)
 
 
 def start_section(before: str | None, rounds: int) -> list[str]:

@@ -372,7 +372,8 @@ class TableStore:
     def _live(self, ptr) -> tuple[int, int, int]:
         # Lock-free first (kernels.guard): a live allocation's record is one
         # kernel call. Busy tables, and a pointer not live (its error reads
-        # the tables), take the lock.
+        # the tables), take the lock. The kernel is called here, not through
+        # _lookup: that extra Python call measured 80-130 ns of a 0.6 us lookup.
         p = check_pointer(ptr)
         if p:
             status, requested, size, allocation_id = _LIVE_CHUNK.call(self._state_address, p,

@@ -3,7 +3,8 @@
 The allocator's whole state lives in five NumPy arrays, so kernels take arrays
 and scalars only and the Python façade can grow, copy or inspect them. The
 state array itself is made once and never replaced: the single-call allocate
-and free are given its address (``kernels.guard.state_at``).
+and free and the lookup of a live allocation are given its address
+(``kernels.guard.state_at``).
 
 Chunk table (``CHUNK_DTYPE``), one row per chunk; a row index is a chunk handle.
 Unused rows are chained through ``next`` into a free-handle list.
@@ -134,8 +135,8 @@ S_FAIL_LIMIT = 11
 # The size the kernel's ``FAILED_HERE`` failed, rounded as the policy's error
 # reports it (the caching policy: the segment it would have needed).
 S_FAILED_ROUNDED = 22
-# The state's own length: a kernel given only the state's address (the
-# single-call allocate and free, ``kernels.guard.state_at``) reads it here.
+# The state's own length: a kernel given only the state's address
+# (``kernels.guard.state_at``) reads it here.
 S_STATE_SLOTS = 23
 S_MAX_INTERNAL_FRAGMENTATION = 12  # BFC split threshold, bytes
 S_MIN_ALLOCATION = 13  # rounding quantum (256 for BFC)
