@@ -21,8 +21,13 @@ minutes, and spoils one pass's figures instead of the report's. ``--write``
 replaces the text between the page's
 ``<!-- speed-report:begin -->`` and ``<!-- speed-report:end -->`` markers;
 without it the section is printed. ``--summary README.md`` (with ``--peers``)
-also replaces the README's sentence between ``<!-- speed-summary:begin -->``
-and ``<!-- speed-summary:end -->`` with the ratios to the peers of this run.
+also replaces two passages of the README: between ``<!-- speed-summary:begin -->``
+and ``<!-- speed-summary:end -->``, the ratios to the peers of this run and the
+failure, ``--min-limit`` and pair figures; between ``<!-- speed-start:begin -->``
+and ``<!-- speed-start:end -->``, the start-up figures. With ``--before``, both
+give the earlier code's figures of the same run beside them: with the commit
+issue 20 was filed against (e972fc0) as ``OLD``, the README shows that issue's
+before and after on one day's machine.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from numba_bfc.traces.data import bundled_names, load_bundled
 
 BEGIN, END = "<!-- speed-report:begin -->", "<!-- speed-report:end -->"
 SUMMARY_BEGIN, SUMMARY_END = "<!-- speed-summary:begin -->", "<!-- speed-summary:end -->"
+START_BEGIN, START_END = "<!-- speed-start:begin -->", "<!-- speed-start:end -->"
 MiB = 1 << 20
 LIMITS = (("80 GiB", None), ("1.25x peak live", 1.25))
 
@@ -63,6 +69,11 @@ def _least(key: tuple, figures: list[float]) -> list[float]:
 _peer_rows_so_far: dict[tuple, dict] = {}  # peer_rows' merged rows, over the passes
 # replay_section's ratios to the peers, per limit label: its last pass's (each figure's least).
 _peer_ratios: dict[str, dict[str, list[float]]] = {}
+# The README's other figures, per kind, per code label ("now", "before"): the last pass's.
+# "failure": us per caught failure, one per policy; "min_limit": seconds per bisection;
+# "pair": us per pair with 1,000 live, one per allocator; "start": empty-cache seconds to the
+# first allocation, replay and plan, then the warm-cache seconds to the first allocation.
+_headlines: dict[str, dict[str, list[float]]] = {}
 
 
 def peer_rows(peers: str, factor: float | None, repeat: int, rounds: int = 1) -> list[dict]:
@@ -177,6 +188,55 @@ def summary_sentence(ratios: dict[str, dict[str, list[float]]]) -> str:
             f"{factor:g}x their peak {span(ratios[tight]['bfc'])} and "
             f"{span(ratios[tight]['caching'])} (measured {time.strftime('%Y-%m-%d')}, "
             f"[Speed](docs/performance.md)).")
+
+
+def _span(values: list[float], digits: int) -> str:
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def headline_sentence(headlines: dict[str, dict[str, list[float]]], before: str) -> str:
+    """The README's sentence on failures, ``--min-limit`` and the pair ('' if
+    they were not measured), with the earlier code's figures (``before``: its
+    commit) when it was measured too."""
+    kinds = ("failure", "min_limit", "pair")
+    if not all(kind in headlines for kind in kinds):
+        return ""
+    digits = {"failure": 1, "min_limit": 3, "pair": 2}
+
+    def figures(label: str) -> list[str]:
+        return [_span(headlines[kind][label], digits[kind]) for kind in kinds]
+
+    failure, bisection, pair = figures("now")
+    sentence = (f"A failed allocation takes {failure} us, a `--min-limit` bisection "
+                f"{bisection} s and an allocate+free pair through the API {pair} us with "
+                f"1,000 live")
+    if all("before" in headlines[kind] for kind in kinds):
+        failure, bisection, pair = figures("before")
+        sentence += (f"; in the same run the code at {before} took {failure} us, "
+                     f"{bisection} s and {pair} us")
+    return sentence + "."
+
+
+def start_sentence(headlines: dict[str, dict[str, list[float]]], before: str) -> str:
+    """The README's sentence on start-up: seconds to the first allocation,
+    replay and plan with an empty Numba cache, and to the first allocation
+    with the cache; the earlier code's (``before``: its commit) beside them
+    ('' if start-up was not measured)."""
+    if "start" not in headlines:
+        return ""
+    start = headlines["start"]
+    allocation, replayed, plan, warm = start["now"]
+    sentence = (f"With an empty Numba cache the first run compiles the kernels: on this "
+                f"{os.cpu_count()}-core machine {allocation:.2f} s to an allocator's first "
+                f"allocation, {replayed:.2f} s to a first replay and {plan:.2f} s to a first "
+                f"plan")
+    if "before" in start:
+        old = start["before"]
+        sentence += (f" (the code at {before}, in the same run: {old[0]:.2f}, {old[1]:.2f} "
+                     f"and {old[2]:.2f} s)")
+    return (sentence + f"; with the cache, {warm:.2f} s to the first allocation (measured "
+            f"{time.strftime('%Y-%m-%d')}, [Speed](docs/performance.md)).")
 
 
 def replace_marked(page: str, begin: str, end: str, text: str) -> str | None:
@@ -420,19 +480,23 @@ def oom_section(before: str | None, rounds: int) -> list[str]:
              "too (`e.occupancy`):", "",
              "| policy | code | caught | `str(e)` | `str(e)`, `e.occupancy` |",
              "|---|---|---:|---:|---:|"]
+    failures = _headlines["failure"] = {label: [] for label, _ in trees}
     for policy in ("bfc", "caching", "compact"):
         got = _interleaved(_FAILURES, [policy], trees, rounds)
         for label, _ in trees:
             caught, message, report = got[label]
+            failures[label].append(caught)
             lines.append(f"| {policy} | {label} | {caught:.1f} | {message:.1f} | {report:.1f} |")
     lines += ["", "`min_limit` (bisection of the smallest limit; every probe below it fails), "
               f"seconds, after one untimed call, the least of {rounds} processes:", "",
               "| trace, policy | replays | code | seconds |", "|---|---:|---|---:|"]
+    bisections = _headlines["min_limit"] = {label: [] for label, _ in trees}
     for name, policy in (("gpt_train", "bfc"), ("gpt_train", "caching"),
                          ("generate_kv", "caching")):
         got = _interleaved(_MIN_LIMIT, [name, policy], trees, rounds)
         for label, _ in trees:
             seconds, replays = got[label]
+            bisections[label].append(seconds)
             lines.append(f"| {name}, {policy} | {replays:.0f} | {label} | {seconds:.3f} |")
     lines.append("")
     return lines
@@ -470,10 +534,12 @@ def pair_section(before: str | None, rounds: int) -> list[str]:
              f"{rounds} processes:", "",
              "| allocator | code | 1,000 live | 1,000,000 live | ratio |",
              "|---|---|---:|---:|---:|"]
+    pairs = _headlines["pair"] = {label: [] for label, _ in trees}
     for cls in ("BFCAllocator", "CachingAllocator", "CompactAllocator"):
         got = _interleaved(_PAIRS, [cls], trees, rounds)
         for label, _ in trees:
             small, big = got[label]
+            pairs[label].append(small)
             lines.append(f"| {cls} | {label} | {small:.2f} | {big:.2f} | {big / small:.2f} |")
     lines.append("")
     return lines
@@ -518,6 +584,8 @@ def start_section(before: str | None, rounds: int) -> list[str]:
              "package's Python bytecode written beforehand, as installing it leaves it; the "
              f"least of {rounds} such runs, the two codes taking turns:", "",
              "| first | code | import | empty cache | warm cache |", "|---|---|---:|---:|---:|"]
+    start = _headlines["start"] = {label: [] for label, _ in trees}
+    warm_allocation: dict[str, float] = {}
     for what in ("allocation", "replay", "plan"):
         best: dict[str, tuple[float, float, float]] = {}
         for r in range(rounds):
@@ -530,7 +598,12 @@ def start_section(before: str | None, rounds: int) -> list[str]:
                 best[label] = (min(old[0], imported), min(old[1], cold), min(old[2], warm))
         for label, _ in trees:
             imported, cold, warm = _least(("start", what, label), list(best[label]))
+            start[label].append(cold)
+            if what == "allocation":
+                warm_allocation[label] = warm
             lines.append(f"| {what} | {label} | {imported:.2f} | {cold:.2f} | {warm:.2f} |")
+    for label, _ in trees:
+        start[label].append(warm_allocation[label])
     lines.append("")
     return lines
 
@@ -549,8 +622,9 @@ def main(argv=None) -> int:
     ap.add_argument("--write", metavar="PAGE",
                     help="replace the marked section of this file (docs/performance.md)")
     ap.add_argument("--summary", metavar="README",
-                    help="with --peers: also replace the marked sentence of this file "
-                         "(README.md) with the ratios to the peers")
+                    help="with --peers: also replace the marked passages of this file "
+                         "(README.md) with the ratios to the peers, the failure, min-limit, "
+                         "pair and start-up figures")
     ap.add_argument("--before", metavar="TREE",
                     help="a checkout of earlier code: replays, failures, min_limit, pairs and "
                          "start-up are also measured on it, side by side")
@@ -560,7 +634,8 @@ def main(argv=None) -> int:
     if args.summary and not args.peers:
         ap.error("--summary needs --peers (its figures are the ratios to the peers)")
     targets = [(page, begin, end) for page, begin, end in
-               ((args.write, BEGIN, END), (args.summary, SUMMARY_BEGIN, SUMMARY_END)) if page]
+               ((args.write, BEGIN, END), (args.summary, SUMMARY_BEGIN, SUMMARY_END),
+                (args.summary, START_BEGIN, START_END)) if page]
     for page, begin, end in targets:
         text = _read(page)
         if text is None:
@@ -568,11 +643,11 @@ def main(argv=None) -> int:
         if replace_marked(text, begin, end, "") is None:
             ap.error(f"{page} has no {begin} ... {end} section")
     cpu = platform.processor() or platform.machine()
-    before = ""
+    before, commit = "", ""
     if args.before:
         commit = subprocess.run(["git", "-C", args.before, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True).stdout.strip()
-        before = f" \"before\" is the code at {commit or args.before}."
+                                capture_output=True, text=True).stdout.strip() or args.before
+        before = f" \"before\" is the code at {commit}."
     lines = ["", "",
              f"Generated by `python benchmarks/speed_report.py"
              f"{' --peers PEERS' if args.peers else ''}"
@@ -601,15 +676,23 @@ def main(argv=None) -> int:
     # fails the write without emptying any.
     new_texts = {BEGIN: text}
     if args.summary:
-        new_texts[SUMMARY_BEGIN] = summary_sentence(_peer_ratios)
-    pages = [(page, replace_marked(_read(page) or "", begin, end, new_texts[begin]))
-             for page, begin, end in targets]
-    for page, new_page in pages:
+        new_texts[SUMMARY_BEGIN] = " ".join(
+            filter(None, (summary_sentence(_peer_ratios), headline_sentence(_headlines, commit))))
+        new_texts[START_BEGIN] = start_sentence(_headlines, commit)
+    pages: dict[str, str | None] = {}
+    for page, begin, end in targets:  # the README's two passages, one after the other
+        text = pages[page] if page in pages else _read(page)
+        if text is not None and not new_texts[begin]:  # not measured: the passage stays
+            text = text if replace_marked(text, begin, end, "") is not None else None
+        elif text is not None:
+            text = replace_marked(text, begin, end, new_texts[begin])
+        pages[page] = text
+    for page, new_page in pages.items():
         if new_page is None:
             print(f"error: {page} lost its markers (or cannot be read) during the run; "
                   "nothing written", file=sys.stderr)
             return 2
-    for page, new_page in pages:
+    for page, new_page in pages.items():
         with open(page, "w") as f:
             f.write(new_page)
     return 0

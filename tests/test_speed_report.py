@@ -2,6 +2,7 @@
 options are refused (the measurements themselves are the benchmarks')."""
 
 import importlib.util
+import os
 import time
 from pathlib import Path
 
@@ -121,6 +122,7 @@ def test_a_summary_without_peers_or_a_page_without_markers_is_refused_before_mea
 def test_the_readme_and_the_performance_page_carry_the_markers(report):
     root = _PATH.parents[1]
     for page, begin, end in (("README.md", report.SUMMARY_BEGIN, report.SUMMARY_END),
+                             ("README.md", report.START_BEGIN, report.START_END),
                              ("docs/performance.md", report.BEGIN, report.END)):
         assert report.replace_marked((root / page).read_text(), begin, end, "") is not None
 
@@ -130,7 +132,8 @@ def test_a_run_rewrites_the_page_section_and_the_readme_sentence(report, tmp_pat
     (free, _), (tight, _) = report.LIMITS
     page, readme = tmp_path / "performance.md", tmp_path / "README.md"
     page.write_text(f"# Speed\n{report.BEGIN}\nold tables\n{report.END}\nprose\n")
-    readme.write_text(f"Intro. {report.SUMMARY_BEGIN}Old.{report.SUMMARY_END} More.\n")
+    readme.write_text(f"Intro. {report.SUMMARY_BEGIN}Old.{report.SUMMARY_END} More.\n"
+                      f"Install. {report.START_BEGIN}Old start.{report.START_END} Cache.\n")
 
     def replays(*args):
         report._peer_ratios.update({free: {"bfc": [0.2], "caching": [0.5]},
@@ -139,6 +142,8 @@ def test_a_run_rewrites_the_page_section_and_the_readme_sentence(report, tmp_pat
 
     monkeypatch.setattr(report, "replay_section", replays)
     _no_other_sections(report, monkeypatch)
+    monkeypatch.setattr(report, "start_section", lambda *args: report._headlines.update(
+        start={"now": [2.5, 3.5, 1.5, 0.25]}) or [])
     assert report.main(["--peers", "PEERS", "--write", str(page), "--summary",
                         str(readme)]) == 0
     text = page.read_text()
@@ -149,7 +154,37 @@ def test_a_run_rewrites_the_page_section_and_the_readme_sentence(report, tmp_pat
     sentence = readme.read_text()
     assert sentence.startswith(f"Intro. {report.SUMMARY_BEGIN}Against those peers")
     assert "takes 0.20-0.20x the time of TF's BFC" in sentence
-    assert sentence.endswith(f"{report.SUMMARY_END} More.\n")
+    assert f"[Speed](docs/performance.md)).{report.SUMMARY_END} More.\n" in sentence
+    # Both passages of the one page are rewritten, each between its markers.
+    assert sentence.endswith(
+        f"Install. {report.START_BEGIN}With an empty Numba cache the first run compiles the "
+        f"kernels: on this {os.cpu_count()}-core machine 2.50 s to an allocator's first "
+        f"allocation, 3.50 s to a first replay and 1.50 s to a first plan; with the cache, "
+        f"0.25 s to the first allocation (measured {time.strftime('%Y-%m-%d')}, "
+        f"[Speed](docs/performance.md)).{report.START_END} Cache.\n")
+
+
+def test_the_readme_gives_failures_bisections_pairs_and_start_up_beside_the_earlier_code(
+        report):
+    headlines = {"failure": {"now": [1.84, 3.1, 2.0], "before": [390.0, 338.2, 477.4]},
+                 "min_limit": {"now": [0.007, 0.004, 0.006], "before": [0.1, 0.066, 0.03]},
+                 "pair": {"now": [0.73, 0.8, 0.75], "before": [1.24, 1.58, 1.3]},
+                 "start": {"now": [2.26, 3.52, 2.18, 0.15], "before": [7.64, 15.69, 5.4, 0.3]}}
+    assert report.headline_sentence(headlines, "e972fc0") == (
+        "A failed allocation takes 1.8-3.1 us, a `--min-limit` bisection 0.004-0.007 s and an "
+        "allocate+free pair through the API 0.73-0.80 us with 1,000 live; in the same run the "
+        "code at e972fc0 took 338.2-477.4 us, 0.030-0.100 s and 1.24-1.58 us.")
+    assert "(the code at e972fc0, in the same run: 7.64, 15.69 and 5.40 s); with the cache, " \
+           "0.15 s to the first allocation" in report.start_sentence(headlines, "e972fc0")
+    for kind in headlines:  # without --before: this code's figures alone
+        del headlines[kind]["before"]
+    assert report.headline_sentence(headlines, "").endswith(
+        "through the API 0.73-0.80 us with 1,000 live.")
+    assert "in the same run" not in report.start_sentence(headlines, "")
+    headlines["pair"]["now"] = [0.7, 0.7, 0.7]  # one figure, not a range of one
+    assert "through the API 0.70 us" in report.headline_sentence(headlines, "")
+    del headlines["pair"]  # a section not measured: no sentence
+    assert report.headline_sentence(headlines, "") == ""
 
 
 def _no_other_sections(report, monkeypatch):
@@ -162,7 +197,8 @@ def test_a_page_that_lost_its_markers_during_the_run_leaves_every_page_as_it_was
         report, tmp_path, monkeypatch, capsys):
     page, readme = tmp_path / "performance.md", tmp_path / "README.md"
     page.write_text(f"{report.BEGIN}old{report.END}")
-    readme.write_text(f"{report.SUMMARY_BEGIN}Old.{report.SUMMARY_END}")
+    readme.write_text(f"{report.SUMMARY_BEGIN}Old.{report.SUMMARY_END}"
+                      f"{report.START_BEGIN}Old start.{report.START_END}")
 
     def replays(*args):  # someone edits the README while the run measures
         readme.write_text("markers gone")
@@ -196,3 +232,23 @@ def test_the_replay_tables_keep_the_ratios_to_the_peers_for_the_readme(report, m
         assert report._peer_ratios[label]["caching"] == pytest.approx([0.75] * n)
     sentence = report.summary_sentence(report._peer_ratios)
     assert "takes 0.50-0.50x the time of TF's BFC and 0.75-0.75x that of TinyTorch's" in sentence
+
+
+def test_a_passage_whose_figures_were_not_measured_stays_as_it_was(report, tmp_path,
+                                                                   monkeypatch):
+    page, readme = tmp_path / "performance.md", tmp_path / "README.md"
+    page.write_text(f"{report.BEGIN}old{report.END}")
+    readme.write_text(f"{report.SUMMARY_BEGIN}Old.{report.SUMMARY_END} "
+                      f"{report.START_BEGIN}Old start.{report.START_END}")
+
+    def replays(*args):
+        report._peer_ratios.update({label: {"bfc": [0.5], "caching": [0.5]}
+                                    for label, _ in report.LIMITS})
+        return []
+
+    monkeypatch.setattr(report, "replay_section", replays)
+    _no_other_sections(report, monkeypatch)  # no start-up figures
+    assert report.main(["--peers", "P", "--write", str(page), "--summary", str(readme)]) == 0
+    text = readme.read_text()
+    assert "Old." not in text and "Against those peers" in text
+    assert text.endswith(f"{report.START_BEGIN}Old start.{report.START_END}")
