@@ -191,6 +191,7 @@ def summary_sentence(ratios: dict[str, dict[str, list[float]]]) -> str:
 
 
 def _span(values: list[float], digits: int) -> str:
+    digits = 0 if max(values) >= 100 else digits  # 292-401 us, not 292.1-401.2
     low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
     return low if low == high else f"{low}-{high}"
 
@@ -208,9 +209,9 @@ def headline_sentence(headlines: dict[str, dict[str, list[float]]], before: str)
         return [_span(headlines[kind][label], digits[kind]) for kind in kinds]
 
     failure, bisection, pair = figures("now")
-    sentence = (f"A failed allocation takes {failure} us, a `--min-limit` bisection "
-                f"{bisection} s and an allocate+free pair through the API {pair} us with "
-                f"1,000 live")
+    sentence = (f"A failed allocation, caught, takes {failure} us, a `--min-limit` bisection "
+                f"of `gpt_train` or `generate_kv` {bisection} s and an allocate+free pair "
+                f"through the API {pair} us with 1,000 live")
     if all("before" in headlines[kind] for kind in kinds):
         failure, bisection, pair = figures("before")
         sentence += (f"; in the same run the code at {before} took {failure} us, "
