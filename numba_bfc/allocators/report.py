@@ -28,33 +28,71 @@ def bin_of(size: int, min_allocation: int, num_bins: int) -> int:
 
 
 def bin_summary(records: np.ndarray, min_allocation: int, num_bins: int) -> list[dict]:
-    """TF's ``get_bin_debug_info``: every chunk counted in the bin for its size."""
-    out = []
+    """TF's ``get_bin_debug_info``: every chunk counted in the bin for its size.
+
+    Parameters
+    ----------
+    records : numpy.ndarray
+        Chunk records (``RECORD_DTYPE``), e.g. an allocator's ``chunks()``.
+    min_allocation, num_bins : int
+        Bin ``b`` holds sizes from ``min_allocation << b`` up to the next bin's;
+        the last bin everything above.
+
+    Returns
+    -------
+    list of dict
+        One per bin: ``bin``, ``bin_size``, ``total_bytes_in_use``,
+        ``total_bytes_in_bin``, ``total_chunks_in_use``, ``total_chunks_in_bin``,
+        ``total_requested_bytes_in_use``.
+
+    Examples
+    --------
+    >>> records = np.zeros(3, dtype=RECORD_DTYPE)
+    >>> records["size"] = [256, 768, 4096]
+    >>> records["in_use"] = [True, False, True]
+    >>> [(b["bin_size"], b["total_chunks_in_bin"], b["total_bytes_in_use"])
+    ...  for b in bin_summary(records, 256, 3)]
+    [(256, 1, 256), (512, 1, 0), (1024, 1, 4096)]
+    """
     sizes = records["size"]
-    bins = np.array([bin_of(int(s), min_allocation, num_bins) for s in sizes], dtype=np.int64)
+    # Bin b holds sizes from min_allocation << b up (the last bin, everything above):
+    # bin_of for every chunk at once, in integers (no int64 size reaches a bin from 2**63).
+    bin_sizes = np.array([min_allocation << b for b in range(num_bins)
+                          if min_allocation << b < 1 << 63], dtype=np.int64)
+    bins = np.searchsorted(bin_sizes, np.maximum(sizes, min_allocation), side="right") - 1
     used = records["in_use"]
-    for b in range(num_bins):
-        sel = bins == b
-        u = sel & used
-        out.append(
-            {
-                "bin": b,
-                "bin_size": min_allocation << b,
-                "total_bytes_in_use": int(sizes[u].sum()),
-                "total_bytes_in_bin": int(sizes[sel].sum()),
-                "total_chunks_in_use": int(u.sum()),
-                "total_chunks_in_bin": int(sel.sum()),
-                "total_requested_bytes_in_use": int(records["requested_size"][u].sum()),
-            }
-        )
-    return out
+
+    def per_bin(values: np.ndarray | None, among: np.ndarray) -> np.ndarray:
+        total = np.zeros(num_bins, dtype=np.int64)  # int64, exact: bincount's weights are floats
+        np.add.at(total, bins[among], 1 if values is None else values[among])
+        return total
+
+    everything = np.ones(len(records), dtype=np.bool_)
+    columns = {"total_bytes_in_use": per_bin(sizes, used),
+               "total_bytes_in_bin": per_bin(sizes, everything),
+               "total_chunks_in_use": per_bin(None, used),
+               "total_chunks_in_bin": per_bin(None, everything),
+               "total_requested_bytes_in_use": per_bin(records["requested_size"], used)}
+    return [{"bin": b, "bin_size": min_allocation << b,
+             **{name: int(column[b]) for name, column in columns.items()}}
+            for b in range(num_bins)]
 
 
 def render_occupancy(records: np.ndarray, regions: list[tuple[int, int]], width: int = 100) -> str:
     """TF's ``RenderOccupancy``: ``width`` characters over all regions laid end to end.
 
     ``*`` marks requested bytes of in-use chunks, ``x`` their rounding/padding
-    waste, ``_`` free memory.
+    waste, ``_`` free memory. Each chunk paints its waste, then its requested
+    bytes, region by region in the order given and chunk by chunk in address
+    order; a cell shows the last paint over it.
+
+    Examples
+    --------
+    >>> records = np.zeros(2, dtype=RECORD_DTYPE)
+    >>> records["address"], records["size"] = [0, 512], [512, 512]
+    >>> records["requested_size"], records["in_use"] = [256, 0], [True, False]
+    >>> render_occupancy(records, [(0, 1024)], width=8)
+    '**xx____'
     """
     if type(width) is not int:
         raise TypeError(f"width must be an int, got {type(width).__name__}")
@@ -63,31 +101,41 @@ def render_occupancy(records: np.ndarray, regions: list[tuple[int, int]], width:
     total = sum(size for _, size in regions)
     if total == 0:
         return "<allocator contains no memory>"
-    out = ["_"] * width
-
-    def paint(pos: int, size: int, ch: str) -> None:
-        start = pos * width // total
-        end = (pos + size - 1) * width // total
-        for i in range(start, end + 1):
-            out[i] = ch
-
-    offset = 0
-    addresses = records["address"]
-    for base, size in regions:
-        lo = np.searchsorted(addresses, base)
-        hi = np.searchsorted(addresses, base + size)
-        for rec in records[lo:hi]:
-            if not rec["in_use"]:
-                continue
-            pos = int(rec["address"]) - base + offset
-            req = int(rec["requested_size"])
-            wasted = int(rec["size"]) - req
-            if wasted > 0:
-                paint(pos + req, wasted, "x")
-            if req > 0:
-                paint(pos, req, "*")
-        offset += size
-    return "".join(out)
+    # The in-use chunks inside a region, at their positions with the regions laid end to
+    # end in the order given (every chunk lies in at most one region).
+    bases = np.array([base for base, _ in regions], dtype=np.int64)
+    extents = np.array([size for _, size in regions], dtype=np.int64)
+    offsets = np.cumsum(extents) - extents
+    by_base = np.argsort(bases, kind="stable")
+    chunks = records[records["in_use"]]
+    address = chunks["address"]
+    below = np.searchsorted(bases[by_base], address, side="right") - 1
+    region = by_base[np.maximum(below, 0)]
+    inside = (below >= 0) & (address < bases[region] + extents[region])
+    chunks, region = chunks[inside], region[inside]
+    laid_out = chunks["address"] - bases[region] + offsets[region]
+    in_order = np.argsort(laid_out, kind="stable")
+    position = laid_out[in_order]
+    requested = chunks["requested_size"][in_order]
+    chunk_size = chunks["size"][in_order]
+    # Paints in order, each chunk's waste ('x') then its requested bytes ('*'); a cell
+    # shows the last paint that covers it.
+    starts = np.stack([position + requested, position], axis=1).ravel()
+    lengths = np.stack([chunk_size - requested, requested], axis=1).ravel()
+    marks = np.tile(np.frombuffer(b"x*", dtype=np.uint8), len(position))
+    painted = lengths > 0
+    starts, lengths, marks = starts[painted], lengths[painted], marks[painted]
+    if total * width >= 1 << 63:  # the cells in Python integers, as int64 would wrap
+        starts, lengths = starts.astype(object), lengths.astype(object)
+    first = (starts * width // total).astype(np.int64)
+    last = ((starts + lengths - 1) * width // total).astype(np.int64)
+    # Disjoint byte ranges share at most their edge cells: len(marks) + width cells in all.
+    counts = last - first + 1
+    paint = np.repeat(np.arange(len(marks)), counts)
+    cells = np.arange(len(paint)) - np.repeat(np.cumsum(counts) - counts, counts) + first[paint]
+    shown = np.full(width, -1, dtype=np.int64)  # -1: no paint, the table's last mark
+    np.maximum.at(shown, cells, paint)
+    return np.append(marks, np.uint8(ord("_")))[shown].tobytes().decode("ascii")
 
 
 def chunk_list(records: np.ndarray) -> list[dict]:
