@@ -25,9 +25,7 @@ also replaces two passages of the README: between ``<!-- speed-summary:begin -->
 and ``<!-- speed-summary:end -->``, the ratios to the peers of this run and the
 failure, ``--min-limit`` and pair figures; between ``<!-- speed-start:begin -->``
 and ``<!-- speed-start:end -->``, the start-up figures. With ``--before``, both
-give the earlier code's figures of the same run beside them: with the commit
-issue 20 was filed against (e972fc0) as ``OLD``, the README shows that issue's
-before and after on one day's machine.
+give the earlier code's figures of the same run beside them.
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numba_bfc
 from numba_bfc.traces import make_allocator, replay
@@ -51,6 +50,8 @@ SUMMARY_BEGIN, SUMMARY_END = "<!-- speed-summary:begin -->", "<!-- speed-summary
 START_BEGIN, START_END = "<!-- speed-start:begin -->", "<!-- speed-start:end -->"
 MiB = 1 << 20
 LIMITS = (("80 GiB", None), ("1.25x peak live", 1.25))
+BISECTIONS = (("gpt_train", "bfc"), ("gpt_train", "caching"), ("generate_kv", "caching"))
+PAIR_LIVE = (1000, 1_000_000)  # live allocations while the pairs are timed
 
 # Every measurement's least figures over the passes so far (``--passes``).
 _least_so_far: dict[tuple, list[float]] = {}
@@ -70,10 +71,11 @@ _peer_rows_so_far: dict[tuple, dict] = {}  # peer_rows' merged rows, over the pa
 # replay_section's ratios to the peers, per limit label: its last pass's (each figure's least).
 _peer_ratios: dict[str, dict[str, list[float]]] = {}
 # The README's other figures, per kind, per code label ("now", "before"): the last pass's.
-# "failure": us per caught failure, one per policy; "min_limit": seconds per bisection;
-# "pair": us per pair with 1,000 live, one per allocator; "start": empty-cache seconds to the
-# first allocation, replay and plan, then the warm-cache seconds to the first allocation.
-_headlines: dict[str, dict[str, list[float]]] = {}
+# "failure": us per caught failure, one per policy; "min_limit": seconds per bisection
+# (BISECTIONS); "pair": us per pair with PAIR_LIVE[0] live, one per allocator; "start":
+# {"allocation", "replay", "plan": seconds to the first one with an empty Numba cache,
+# "warm": to the first allocation with the cache}.
+_headlines: dict[str, dict[str, Any]] = {}
 
 
 def peer_rows(peers: str, factor: float | None, repeat: int, rounds: int = 1) -> list[dict]:
@@ -161,7 +163,19 @@ def replay_section(peers: str | None, repeat: int, rounds: int) -> list[str]:
     return lines
 
 
-def summary_sentence(ratios: dict[str, dict[str, list[float]]]) -> str:
+def _today() -> str:
+    return time.strftime("%Y-%m-%d")
+
+
+def _span(values: list[float], digits: int) -> str:
+    """``values``' range as the README prints it: one figure if both ends read
+    the same, no decimals from 100 up (292-401, not 292.1-401.2)."""
+    digits = 0 if max(values) >= 100 else digits
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def summary_sentence(ratios: dict[str, dict[str, list[float]]], date: str | None = None) -> str:
     """The README's sentence on the peers.
 
     Parameters
@@ -169,6 +183,8 @@ def summary_sentence(ratios: dict[str, dict[str, list[float]]]) -> str:
     ratios
         Per ``LIMITS`` label, ``{"bfc": [...], "caching": [...]}``: bfc / TF BFC
         and caching / TinyTorch per event, one per bundled trace.
+    date
+        When the run measured them (default: today).
 
     Returns
     -------
@@ -176,7 +192,7 @@ def summary_sentence(ratios: dict[str, dict[str, list[float]]]) -> str:
         Each ratio's range at each limit, and whether any is above 1.
     """
     def span(values: list[float]) -> str:
-        return f"{min(values):.2f}-{max(values):.2f}x"
+        return _span(values, 2) + "x"
 
     (free, _), (tight, factor) = LIMITS
     worst = round(max(max(ratios[label][p]) for label in (free, tight)
@@ -186,20 +202,25 @@ def summary_sentence(ratios: dict[str, dict[str, list[float]]]) -> str:
             f"bundled traces without a limit takes {span(ratios[free]['bfc'])} the time of "
             f"TF's BFC and {span(ratios[free]['caching'])} that of TinyTorch's cache, and at "
             f"{factor:g}x their peak {span(ratios[tight]['bfc'])} and "
-            f"{span(ratios[tight]['caching'])} (measured {time.strftime('%Y-%m-%d')}, "
+            f"{span(ratios[tight]['caching'])} (measured {date or _today()}, "
             f"[Speed](docs/performance.md)).")
 
 
-def _span(values: list[float], digits: int) -> str:
-    digits = 0 if max(values) >= 100 else digits  # 292-401 us, not 292.1-401.2
-    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
-    return low if low == high else f"{low}-{high}"
+def headline_sentence(headlines: dict[str, dict[str, Any]], before: str) -> str:
+    """The README's sentence on failures, ``--min-limit`` and the pair.
 
+    Parameters
+    ----------
+    headlines
+        ``_headlines``: what ``oom_section`` and ``pair_section`` measured.
+    before
+        The earlier code's commit, named when its figures are there too.
 
-def headline_sentence(headlines: dict[str, dict[str, list[float]]], before: str) -> str:
-    """The README's sentence on failures, ``--min-limit`` and the pair ('' if
-    they were not measured), with the earlier code's figures (``before``: its
-    commit) when it was measured too."""
+    Returns
+    -------
+    str
+        The sentence, or '' if those sections were not measured.
+    """
     kinds = ("failure", "min_limit", "pair")
     if not all(kind in headlines for kind in kinds):
         return ""
@@ -208,10 +229,11 @@ def headline_sentence(headlines: dict[str, dict[str, list[float]]], before: str)
     def figures(label: str) -> list[str]:
         return [_span(headlines[kind][label], digits[kind]) for kind in kinds]
 
+    traces = " or ".join(f"`{name}`" for name in dict.fromkeys(n for n, _ in BISECTIONS))
     failure, bisection, pair = figures("now")
     sentence = (f"A failed allocation, caught, takes {failure} us, a `--min-limit` bisection "
-                f"of `gpt_train` or `generate_kv` {bisection} s and an allocate+free pair "
-                f"through the API {pair} us with 1,000 live")
+                f"of {traces} {bisection} s and an allocate+free pair through the API {pair} "
+                f"us with {PAIR_LIVE[0]:,} live")
     if all("before" in headlines[kind] for kind in kinds):
         failure, bisection, pair = figures("before")
         sentence += (f"; in the same run the code at {before} took {failure} us, "
@@ -219,25 +241,39 @@ def headline_sentence(headlines: dict[str, dict[str, list[float]]], before: str)
     return sentence + "."
 
 
-def start_sentence(headlines: dict[str, dict[str, list[float]]], before: str) -> str:
-    """The README's sentence on start-up: seconds to the first allocation,
-    replay and plan with an empty Numba cache, and to the first allocation
-    with the cache; the earlier code's (``before``: its commit) beside them
-    ('' if start-up was not measured)."""
+def start_sentence(headlines: dict[str, dict[str, Any]], before: str,
+                   date: str | None = None) -> str:
+    """The README's sentence on start-up.
+
+    Parameters
+    ----------
+    headlines
+        ``_headlines``: what ``start_section`` measured.
+    before
+        The earlier code's commit, named when its figures are there too.
+    date
+        When the run measured them (default: today).
+
+    Returns
+    -------
+    str
+        Seconds to the first allocation, replay and plan with an empty Numba
+        cache, the earlier code's beside them, and to the first allocation
+        with the cache; '' if start-up was not measured.
+    """
     if "start" not in headlines:
         return ""
-    start = headlines["start"]
-    allocation, replayed, plan, warm = start["now"]
+    now = headlines["start"]["now"]
     sentence = (f"With an empty Numba cache the first run compiles the kernels: on this "
-                f"{os.cpu_count()}-core machine {allocation:.2f} s to an allocator's first "
-                f"allocation, {replayed:.2f} s to a first replay and {plan:.2f} s to a first "
-                f"plan")
-    if "before" in start:
-        old = start["before"]
-        sentence += (f" (the code at {before}, in the same run: {old[0]:.2f}, {old[1]:.2f} "
-                     f"and {old[2]:.2f} s)")
-    return (sentence + f"; with the cache, {warm:.2f} s to the first allocation (measured "
-            f"{time.strftime('%Y-%m-%d')}, [Speed](docs/performance.md)).")
+                f"{os.cpu_count()}-core machine {now['allocation']:.2f} s to an allocator's "
+                f"first allocation, {now['replay']:.2f} s to a first replay and "
+                f"{now['plan']:.2f} s to a first plan")
+    old = headlines["start"].get("before")
+    if old:
+        sentence += (f" (the code at {before}, in the same run: {old['allocation']:.2f}, "
+                     f"{old['replay']:.2f} and {old['plan']:.2f} s)")
+    return (sentence + f"; with the cache, {now['warm']:.2f} s to the first allocation "
+            f"(measured {date or _today()}, [Speed](docs/performance.md)).")
 
 
 def replace_marked(page: str, begin: str, end: str, text: str) -> str | None:
@@ -261,6 +297,23 @@ def replace_marked(page: str, begin: str, end: str, text: str) -> str | None:
         return None
     head, rest = page.split(begin, 1)
     return head + begin + text + end + rest.split(end, 1)[1]
+
+
+def _rewrite(targets: list[tuple[str, str, str]],
+             texts: dict[str, str]) -> tuple[dict[str, str], tuple[str, str, str] | None]:
+    """Every page of ``targets`` (``(page, begin, end)``, several to a page)
+    with its marked passages replaced by ``texts[begin]``, one after another
+    ('' keeps the passage as it is); and the first target whose page cannot be
+    read or has lost its markers by then (None if there is none)."""
+    pages: dict[str, str] = {}
+    for target in targets:
+        page, begin, end = target
+        text = pages[page] if page in pages else _read(page)
+        new_page = None if text is None else replace_marked(text, begin, end, texts[begin])
+        if new_page is None:
+            return pages, target
+        pages[page] = new_page if texts[begin] else text
+    return pages, None
 
 
 def _read(path: str) -> str | None:
@@ -492,8 +545,7 @@ def oom_section(before: str | None, rounds: int) -> list[str]:
               f"seconds, after one untimed call, the least of {rounds} processes:", "",
               "| trace, policy | replays | code | seconds |", "|---|---:|---|---:|"]
     bisections = _headlines["min_limit"] = {label: [] for label, _ in trees}
-    for name, policy in (("gpt_train", "bfc"), ("gpt_train", "caching"),
-                         ("generate_kv", "caching")):
+    for name, policy in BISECTIONS:
         got = _interleaved(_MIN_LIMIT, [name, policy], trees, rounds)
         for label, _ in trees:
             seconds, replays = got[label]
@@ -524,7 +576,7 @@ def per_pair(live_count, rounds=7, pairs=2000):
         return (time.perf_counter() - t0) / pairs * 1e6
     run()
     return statistics.median(run() for _ in range(rounds))
-print(per_pair(1000), per_pair(1_000_000))
+print(*(per_pair(int(live)) for live in sys.argv[2:]))
 """
 
 
@@ -533,11 +585,11 @@ def pair_section(before: str | None, rounds: int) -> list[str]:
     lines = ["Allocate+free pair through the API (`deallocate_raw` then `allocate_raw`, "
              "256 B - 4 KiB), us per pair, median of 7 rounds of 2000, the least of "
              f"{rounds} processes:", "",
-             "| allocator | code | 1,000 live | 1,000,000 live | ratio |",
+             f"| allocator | code | {PAIR_LIVE[0]:,} live | {PAIR_LIVE[1]:,} live | ratio |",
              "|---|---|---:|---:|---:|"]
     pairs = _headlines["pair"] = {label: [] for label, _ in trees}
     for cls in ("BFCAllocator", "CachingAllocator", "CompactAllocator"):
-        got = _interleaved(_PAIRS, [cls], trees, rounds)
+        got = _interleaved(_PAIRS, [cls, *map(str, PAIR_LIVE)], trees, rounds)
         for label, _ in trees:
             small, big = got[label]
             pairs[label].append(small)
@@ -585,8 +637,7 @@ def start_section(before: str | None, rounds: int) -> list[str]:
              "package's Python bytecode written beforehand, as installing it leaves it; the "
              f"least of {rounds} such runs, the two codes taking turns:", "",
              "| first | code | import | empty cache | warm cache |", "|---|---|---:|---:|---:|"]
-    start = _headlines["start"] = {label: [] for label, _ in trees}
-    warm_allocation: dict[str, float] = {}
+    start = _headlines["start"] = {label: {} for label, _ in trees}
     for what in ("allocation", "replay", "plan"):
         best: dict[str, tuple[float, float, float]] = {}
         for r in range(rounds):
@@ -599,12 +650,10 @@ def start_section(before: str | None, rounds: int) -> list[str]:
                 best[label] = (min(old[0], imported), min(old[1], cold), min(old[2], warm))
         for label, _ in trees:
             imported, cold, warm = _least(("start", what, label), list(best[label]))
-            start[label].append(cold)
+            start[label][what] = cold
             if what == "allocation":
-                warm_allocation[label] = warm
+                start[label]["warm"] = warm
             lines.append(f"| {what} | {label} | {imported:.2f} | {cold:.2f} | {warm:.2f} |")
-    for label, _ in trees:
-        start[label].append(warm_allocation[label])
     lines.append("")
     return lines
 
@@ -637,12 +686,14 @@ def main(argv=None) -> int:
     targets = [(page, begin, end) for page, begin, end in
                ((args.write, BEGIN, END), (args.summary, SUMMARY_BEGIN, SUMMARY_END),
                 (args.summary, START_BEGIN, START_END)) if page]
-    for page, begin, end in targets:
-        text = _read(page)
-        if text is None:
-            ap.error(f"cannot read {page}")
-        if replace_marked(text, begin, end, "") is None:
-            ap.error(f"{page} has no {begin} ... {end} section")
+    # Checked as they will be written, one after another: a section inside another is lost
+    # when the outer one is written.
+    _, missing = _rewrite(targets, {begin: "-" for _, begin, _ in targets})
+    if missing:
+        page, begin, end = missing
+        ap.error(f"cannot read {page}" if _read(page) is None else
+                 f"{page} has no {begin} ... {end} section (or it lies inside another)")
+    today = _today()
     cpu = platform.processor() or platform.machine()
     before, commit = "", ""
     if args.before:
@@ -655,7 +706,7 @@ def main(argv=None) -> int:
              f"{' --before TREE' if args.before else ''} --repeat {args.repeat} --rounds "
              f"{args.rounds}{f' --passes {args.passes}' if args.passes > 1 else ''} --write "
              f"{args.write or 'PAGE'}{f' --summary {args.summary}' if args.summary else ''}` on "
-             f"{time.strftime('%Y-%m-%d')}: {os.cpu_count()} cores ({cpu}), Python "
+             f"{today}: {os.cpu_count()} cores ({cpu}), Python "
              f"{platform.python_version()}, one run, nothing else running. Every figure of a "
              f"table comes from the same run.{before}"
              + (f" The run measured everything {args.passes} times, one pass after another, "
@@ -670,29 +721,21 @@ def main(argv=None) -> int:
         body += oom_section(args.before, args.rounds)
         body += pair_section(args.before, args.rounds)
         body += start_section(args.before, args.rounds)
-    text = "\n".join(lines + body) + "\n"
+    section = "\n".join(lines + body) + "\n"
     if not args.write:
-        print(BEGIN + text + END)
+        print(BEGIN + section + END)
     # Every page's new text first, so that a page changed during the run
     # fails the write without emptying any.
-    new_texts = {BEGIN: text}
+    new_texts = {BEGIN: section}
     if args.summary:
-        new_texts[SUMMARY_BEGIN] = " ".join(
-            filter(None, (summary_sentence(_peer_ratios), headline_sentence(_headlines, commit))))
-        new_texts[START_BEGIN] = start_sentence(_headlines, commit)
-    pages: dict[str, str | None] = {}
-    for page, begin, end in targets:  # the README's two passages, one after the other
-        text = pages[page] if page in pages else _read(page)
-        if text is not None and not new_texts[begin]:  # not measured: the passage stays
-            text = text if replace_marked(text, begin, end, "") is not None else None
-        elif text is not None:
-            text = replace_marked(text, begin, end, new_texts[begin])
-        pages[page] = text
-    for page, new_page in pages.items():
-        if new_page is None:
-            print(f"error: {page} lost its markers (or cannot be read) during the run; "
-                  "nothing written", file=sys.stderr)
-            return 2
+        new_texts[SUMMARY_BEGIN] = " ".join(filter(None, (
+            summary_sentence(_peer_ratios, today), headline_sentence(_headlines, commit))))
+        new_texts[START_BEGIN] = start_sentence(_headlines, commit, today)
+    pages, missing = _rewrite(targets, new_texts)
+    if missing:
+        print(f"error: {missing[0]} lost its markers (or cannot be read) during the run; "
+              "nothing written", file=sys.stderr)
+        return 2
     for page, new_page in pages.items():
         with open(page, "w") as f:
             f.write(new_page)

@@ -3,6 +3,7 @@ arrays, against chunk-by-chunk oracles: TF's ``get_bin_debug_info`` and
 ``RenderOccupancy`` as loops in plain Python integers."""
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -61,15 +62,19 @@ def _occupancy_oracle(records, regions, width):
 
 @st.composite
 def layouts(draw):
-    """Regions cut into chunks (in use or free, some requested sizes not a
-    multiple of anything), a chunk outside every region now and then, the
-    regions listed in any order; units up to 2**45 bytes, so that a region's
-    cells overflow int64 when computed as ``position * width``."""
+    """Regions cut into chunks (in use or free, requested sizes that are not a
+    multiple of anything, none or all of the chunk), empty regions, a chunk
+    outside every region now and then, the regions listed in any order; units
+    up to 2**45 bytes, so that a region's cells overflow int64 when computed as
+    ``position * width``, and the whole layout at the top of the address space
+    now and then, its last region or chunk ending at 2**63."""
     unit = draw(st.sampled_from([1, 256, 1 << 20, 1 << 45]))
     address = draw(st.integers(0, 1000)) * unit
     rows, regions = [], []
     for _ in range(draw(st.integers(0, 5))):
         address += draw(st.integers(0, 3)) * unit
+        if draw(st.integers(0, 4)) == 0:
+            regions.append((address, 0))  # empty: holds nothing, takes no cell
         base = address
         for length, in_use, part in draw(st.lists(
                 st.tuples(st.integers(1, 60), st.booleans(), st.integers(0, 7)),
@@ -81,6 +86,10 @@ def layouts(draw):
         if draw(st.booleans()):  # not in any region: neither painted nor shifting a region
             rows.append((address, unit, unit, True))
             address += unit
+    if draw(st.booleans()):  # ends at 2**63
+        shift = (1 << 63) - address
+        rows = [(a + shift, *rest) for a, *rest in rows]
+        regions = [(base + shift, size) for base, size in regions]
     order = draw(st.permutations(range(len(regions))))
     return _records(rows), [regions[k] for k in order], draw(st.integers(1, 300))
 
@@ -110,3 +119,14 @@ def test_an_allocators_report_matches_the_chunk_by_chunk_oracles():
         assert report.render_occupancy(records, regions, width) == \
             _occupancy_oracle(records, regions, width)
     assert report.bin_summary(records, 256, 21) == _summary_oracle(records, 256, 21)
+
+
+def test_the_bins_take_numpy_integers_and_refuse_no_bins_or_no_bin_size():
+    records = _records([(0, (1 << 63) - 1, 1, True)])
+    # A NumPy bin size would wrap when shifted: the largest chunk lands in bin 54, not 63.
+    summary = report.bin_summary(records, np.int64(256), np.int64(64))
+    assert summary == _summary_oracle(records, 256, 64) and summary[54]["total_chunks_in_bin"] == 1
+    assert type(summary[63]["bin_size"]) is int
+    for bins in ((256, 0), (0, 21)):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            report.bin_summary(records, *bins)

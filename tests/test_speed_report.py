@@ -143,7 +143,7 @@ def test_a_run_rewrites_the_page_section_and_the_readme_sentence(report, tmp_pat
     monkeypatch.setattr(report, "replay_section", replays)
     _no_other_sections(report, monkeypatch)
     monkeypatch.setattr(report, "start_section", lambda *args: report._headlines.update(
-        start={"now": [2.5, 3.5, 1.5, 0.25]}) or [])
+        start={"now": {"allocation": 2.5, "replay": 3.5, "plan": 1.5, "warm": 0.25}}) or [])
     assert report.main(["--peers", "PEERS", "--write", str(page), "--summary",
                         str(readme)]) == 0
     text = page.read_text()
@@ -153,7 +153,7 @@ def test_a_run_rewrites_the_page_section_and_the_readme_sentence(report, tmp_pat
     assert f"--write {page} --summary {readme}` on {time.strftime('%Y-%m-%d')}" in text
     sentence = readme.read_text()
     assert sentence.startswith(f"Intro. {report.SUMMARY_BEGIN}Against those peers")
-    assert "takes 0.20-0.20x the time of TF's BFC" in sentence
+    assert "takes 0.20x the time of TF's BFC" in sentence
     assert f"[Speed](docs/performance.md)).{report.SUMMARY_END} More.\n" in sentence
     # Both passages of the one page are rewritten, each between its markers.
     assert sentence.endswith(
@@ -169,7 +169,9 @@ def test_the_readme_gives_failures_bisections_pairs_and_start_up_beside_the_earl
     headlines = {"failure": {"now": [1.84, 3.1, 2.0], "before": [390.0, 338.2, 477.4]},
                  "min_limit": {"now": [0.007, 0.004, 0.006], "before": [0.1, 0.066, 0.03]},
                  "pair": {"now": [0.73, 0.8, 0.75], "before": [1.24, 1.58, 1.3]},
-                 "start": {"now": [2.26, 3.52, 2.18, 0.15], "before": [7.64, 15.69, 5.4, 0.3]}}
+                 "start": {"now": {"allocation": 2.26, "replay": 3.52, "plan": 2.18, "warm": 0.15},
+                           "before": {"allocation": 7.64, "replay": 15.69, "plan": 5.4,
+                                      "warm": 0.3}}}
     assert report.headline_sentence(headlines, "e972fc0") == (
         "A failed allocation, caught, takes 1.8-3.1 us, a `--min-limit` bisection of "
         "`gpt_train` or `generate_kv` 0.004-0.007 s and an allocate+free pair through the API "
@@ -232,7 +234,7 @@ def test_the_replay_tables_keep_the_ratios_to_the_peers_for_the_readme(report, m
         assert report._peer_ratios[label]["bfc"] == pytest.approx([0.5] * n)
         assert report._peer_ratios[label]["caching"] == pytest.approx([0.75] * n)
     sentence = report.summary_sentence(report._peer_ratios)
-    assert "takes 0.50-0.50x the time of TF's BFC and 0.75-0.75x that of TinyTorch's" in sentence
+    assert "takes 0.50x the time of TF's BFC and 0.75x that of TinyTorch's" in sentence
 
 
 def test_a_passage_whose_figures_were_not_measured_stays_as_it_was(report, tmp_path,
@@ -253,3 +255,50 @@ def test_a_passage_whose_figures_were_not_measured_stays_as_it_was(report, tmp_p
     text = readme.read_text()
     assert "Old." not in text and "Against those peers" in text
     assert text.endswith(f"{report.START_BEGIN}Old start.{report.START_END}")
+
+
+def test_a_passage_inside_another_is_refused_before_measuring(report, tmp_path, monkeypatch,
+                                                              capsys):
+    readme = tmp_path / "README.md"  # writing the summary would take the start-up markers
+    readme.write_text(f"{report.SUMMARY_BEGIN}Old. {report.START_BEGIN}Old start."
+                      f"{report.START_END}{report.SUMMARY_END}")
+    monkeypatch.setattr(report, "replay_section", lambda *a: pytest.fail("measured"))
+    with pytest.raises(SystemExit) as stop:
+        report.main(["--peers", "P", "--summary", str(readme)])
+    assert stop.value.code == 2
+    assert "has no <!-- speed-start:begin -->" in capsys.readouterr().err
+
+
+def test_one_page_takes_every_passage_with_the_earlier_codes_figures(report, tmp_path,
+                                                                     monkeypatch):
+    """--write and --summary on one page; --before a folder that is no git
+    checkout, so the sentences name the folder."""
+    page = tmp_path / "page.md"
+    page.write_text(f"A {report.BEGIN}x{report.END} B {report.SUMMARY_BEGIN}y"
+                    f"{report.SUMMARY_END} C {report.START_BEGIN}z{report.START_END} D")
+    old = tmp_path / "old"
+    old.mkdir()
+
+    def measured(*args):
+        report._peer_ratios.update({label: {"bfc": [0.5], "caching": [0.6]}
+                                    for label, _ in report.LIMITS})
+        report._headlines.update(
+            failure={"now": [2.0], "before": [300.0]}, min_limit={"now": [0.005],
+                                                                   "before": [0.05]},
+            pair={"now": [0.7], "before": [1.2]},
+            start={label: {"allocation": a, "replay": 3.0, "plan": 1.0, "warm": 0.2}
+                   for label, a in (("now", 2.0), ("before", 7.0))})
+        return ["| tables |"]
+
+    monkeypatch.setattr(report, "replay_section", measured)
+    monkeypatch.setattr(report, "before_section", lambda *args: [])
+    _no_other_sections(report, monkeypatch)
+    assert report.main(["--peers", "P", "--before", str(old), "--write", str(page),
+                        "--summary", str(page)]) == 0
+    text = page.read_text()
+    assert f'"before" is the code at {old}.' in text and "| tables |" in text
+    assert ("[Speed](docs/performance.md)). A failed allocation, caught, takes 2.0 us, a "
+            "`--min-limit` bisection of `gpt_train` or `generate_kv` 0.005 s") in text
+    assert f"; in the same run the code at {old} took 300 us, 0.050 s and 1.20 us." in text
+    assert f"(the code at {old}, in the same run: 7.00, 3.00 and 1.00 s)" in text
+    assert text.startswith("A ") and text.endswith(f"{report.START_END} D")

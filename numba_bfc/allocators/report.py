@@ -45,6 +45,11 @@ def bin_summary(records: np.ndarray, min_allocation: int, num_bins: int) -> list
         ``total_bytes_in_bin``, ``total_chunks_in_use``, ``total_chunks_in_bin``,
         ``total_requested_bytes_in_use``.
 
+    Raises
+    ------
+    ValueError
+        ``min_allocation`` or ``num_bins`` below 1.
+
     Examples
     --------
     >>> records = np.zeros(3, dtype=RECORD_DTYPE)
@@ -54,6 +59,10 @@ def bin_summary(records: np.ndarray, min_allocation: int, num_bins: int) -> list
     ...  for b in bin_summary(records, 256, 3)]
     [(256, 1, 256), (512, 1, 0), (1024, 1, 4096)]
     """
+    min_allocation, num_bins = int(min_allocation), int(num_bins)  # shifts that do not wrap
+    if min_allocation < 1 or num_bins < 1:
+        raise ValueError(f"min_allocation and num_bins must be >= 1, got {min_allocation} "
+                         f"and {num_bins}")
     sizes = records["size"]
     # Bin b holds sizes from min_allocation << b up (the last bin, everything above):
     # bin_of for every chunk at once, in integers (no int64 size reaches a bin from 2**63).
@@ -62,16 +71,17 @@ def bin_summary(records: np.ndarray, min_allocation: int, num_bins: int) -> list
     bins = np.searchsorted(bin_sizes, np.maximum(sizes, min_allocation), side="right") - 1
     used = records["in_use"]
 
-    def per_bin(values: np.ndarray | None, among: np.ndarray) -> np.ndarray:
+    def per_bin(values, among) -> np.ndarray:
+        """Sum of ``values`` (a scalar: counts) over the chunks ``among`` picks, per bin."""
         total = np.zeros(num_bins, dtype=np.int64)  # int64, exact: bincount's weights are floats
-        np.add.at(total, bins[among], 1 if values is None else values[among])
+        np.add.at(total, bins[among], values if np.isscalar(values) else values[among])
         return total
 
-    everything = np.ones(len(records), dtype=np.bool_)
+    every = slice(None)
     columns = {"total_bytes_in_use": per_bin(sizes, used),
-               "total_bytes_in_bin": per_bin(sizes, everything),
-               "total_chunks_in_use": per_bin(None, used),
-               "total_chunks_in_bin": per_bin(None, everything),
+               "total_bytes_in_bin": per_bin(sizes, every),
+               "total_chunks_in_use": per_bin(1, used),
+               "total_chunks_in_bin": per_bin(1, every),
                "total_requested_bytes_in_use": per_bin(records["requested_size"], used)}
     return [{"bin": b, "bin_size": min_allocation << b,
              **{name: int(column[b]) for name, column in columns.items()}}
@@ -84,7 +94,10 @@ def render_occupancy(records: np.ndarray, regions: list[tuple[int, int]], width:
     ``*`` marks requested bytes of in-use chunks, ``x`` their rounding/padding
     waste, ``_`` free memory. Each chunk paints its waste, then its requested
     bytes, region by region in the order given and chunk by chunk in address
-    order; a cell shows the last paint over it.
+    order; a cell shows the last paint over it. ``regions`` are ``(base,
+    size)``, disjoint within ``[0, 2**63)`` (an allocator's ``regions()``);
+    ``records`` in address order (its ``chunks()``); a chunk outside every
+    region is not shown.
 
     Examples
     --------
@@ -98,20 +111,25 @@ def render_occupancy(records: np.ndarray, regions: list[tuple[int, int]], width:
         raise TypeError(f"width must be an int, got {type(width).__name__}")
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
-    total = sum(size for _, size in regions)
+    total = sum(int(size) for _, size in regions)
     if total == 0:
         return "<allocator contains no memory>"
     # The in-use chunks inside a region, at their positions with the regions laid end to
-    # end in the order given (every chunk lies in at most one region).
-    bases = np.array([base for base, _ in regions], dtype=np.int64)
-    extents = np.array([size for _, size in regions], dtype=np.int64)
-    offsets = np.cumsum(extents) - extents
+    # end in the order given. Empty regions hold no chunk but would hide the chunks of a
+    # region around them from the search by base, so they are left out of it.
+    offset, held = 0, []
+    for base, size in regions:
+        if size > 0:
+            held.append((int(base), int(size), offset))
+        offset += int(size)
+    bases, extents, offsets = (np.array(column, dtype=np.int64) for column in zip(*held))
     by_base = np.argsort(bases, kind="stable")
     chunks = records[records["in_use"]]
     address = chunks["address"]
     below = np.searchsorted(bases[by_base], address, side="right") - 1
     region = by_base[np.maximum(below, 0)]
-    inside = (below >= 0) & (address < bases[region] + extents[region])
+    # address - base, not address < base + size: a region may end at 2**63, past int64.
+    inside = (below >= 0) & (address - bases[region] < extents[region])
     chunks, region = chunks[inside], region[inside]
     laid_out = chunks["address"] - bases[region] + offsets[region]
     in_order = np.argsort(laid_out, kind="stable")
