@@ -80,16 +80,20 @@ def _run_churn_on_kernels(a, live, churn):
 
 
 @pytest.mark.benchmark(group="pair-parts")
-@pytest.mark.parametrize("calls", ["api", "kernels"])
+@pytest.mark.parametrize("calls", ["api", "api-python-methods", "kernels"])
 @pytest.mark.parametrize("cls", [BFCAllocator, CachingAllocator, CompactAllocator],
                          ids=["bfc", "caching", "compact"])
-def test_pair_parts(benchmark, cls, calls):
+def test_pair_parts(benchmark, cls, calls, monkeypatch):
     """The allocate+free pair of ``pair-scaling`` (1,000 live, 256 B - 4 KiB)
-    through the API, and through the compiled kernels its fast path calls,
-    called directly: the difference is the Python methods' share."""
+    through the API (with the compiled bridge, ``allocators._fastcall``), through
+    the API's Python methods (``NUMBA_BFC_NATIVE_CALLS=0``), and through the
+    compiled kernels the Python methods call, called directly: the differences
+    are the Python methods' share and what the bridge saves of it."""
+    if calls == "api-python-methods":
+        monkeypatch.setenv("NUMBA_BFC_NATIVE_CALLS", "0")
     a, live, churn = _churn_setup(cls, 1000, max_size=4096)
     benchmark.extra_info["pairs_per_round"] = PAIRS
-    benchmark(_run_churn if calls == "api" else _run_churn_on_kernels, a, live, churn)
+    benchmark(_run_churn_on_kernels if calls == "kernels" else _run_churn, a, live, churn)
 
 
 @pytest.mark.benchmark(group="lookup")

@@ -15,13 +15,35 @@ dimensions, contiguity, writability, scalar kinds) and raises ``TypeError``
 naming the kernel and the argument: for debugging, and for the tests.
 ``NUMBA_BFC_FASTCALL=0`` keeps the dispatcher. This is a Numba implementation
 detail, so it is kept here and falls back to the dispatcher when unavailable.
+
+The allocators' common calls go further where the compiled bridge
+(``_fastpath``, a C extension built at install) is there: ``allocate_raw``
+and ``deallocate_raw`` are ``fast_method`` objects, which call the kernel's C
+entry (the C wrapper Numba compiles beside a ``jit.fast_operation``) from C,
+with no Python frame and no unboxing, and come back to Python only for what
+is not the common answer. An allocate+free pair costs about a third of what
+the Python methods cost (``docs/performance.md``). The bridge is not used
+under ``NUMBA_BFC_CHECK_KERNEL_ARGS`` or ``NUMBA_BOUNDSCHECK`` (a C entry
+cannot raise the error a check finds; read at a kernel's first call), nor
+with ``NUMBA_BFC_NATIVE_CALLS=0`` (read when an allocator arms its fast
+paths) or ``NUMBA_BFC_FASTCALL=0``. A kernel it calls never raises (its
+answers are codes); were one to raise, Numba's C wrapper would print the
+error and answer 0, which the bridge hands to the Python continuation: it
+retries under the lock through the CPython wrapper, which raises.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 
 import numpy as np
+
+try:
+    from ._fastpath import FastMethod, KernelEntry
+except ImportError:  # installed without a C compiler: the Python methods serve every call
+    FastMethod = KernelEntry = None
 
 
 def _enabled() -> bool:
@@ -32,15 +54,41 @@ def _checking() -> bool:
     return os.environ.get("NUMBA_BFC_CHECK_KERNEL_ARGS", "0") not in ("", "0")
 
 
+def native_enabled() -> bool:
+    """True where the allocators' common calls may go through the compiled
+    bridge: it was built, and ``NUMBA_BFC_NATIVE_CALLS`` is not ``0``."""
+    return KernelEntry is not None and os.environ.get("NUMBA_BFC_NATIVE_CALLS", "1") != "0"
+
+
+def fast_method(general: Callable, after: Callable, entry_name: str,
+                releases: bool = False) -> Callable:
+    """``general`` (a method taking one int), whose common call goes from C
+    straight to the instance's kernel entry.
+
+    Called with one ``int`` in ``(0, entry.largest]`` on an instance whose
+    attribute ``entry_name`` is a ``KernelEntry``, the method calls the entry
+    lock-free (``locked`` false). An answer > 0 is returned (``releases``
+    false: the address) or gives None (``releases`` true: the freed size);
+    any other answer is handed to ``after(self, value, answer)``. Every other
+    call is ``general``'s. Without the bridge this returns ``general`` itself.
+    """
+    if FastMethod is None:
+        return general
+    method = FastMethod(general, after, entry_name, releases)
+    functools.update_wrapper(method, general)
+    return method
+
+
 class Kernel:
     """A kernel handle whose ``call`` becomes the compiled entry point after first use."""
 
-    __slots__ = ("dispatcher", "call", "fast")
+    __slots__ = ("dispatcher", "call", "fast", "address")
 
     def __init__(self, dispatcher) -> None:
         self.dispatcher = dispatcher
         self.call = self._first_call
         self.fast = False  # True once calls bypass the dispatcher
+        self.address = 0  # the C entry (jit.fast_operation) once known; 0: none
 
     @property
     def resolved(self) -> bool:
@@ -58,9 +106,28 @@ class Kernel:
             entry = getattr(overload, "entry_point", None)
             if callable(entry):
                 self.fast = True
+                checking = _checking()
                 self.call = (_checked(entry, overload.signature.args, self.dispatcher)
-                             if _checking() else entry)
+                             if checking else entry)
+                if not checking and not _bounds_checked():
+                    self.address = _c_entry(overload)
         return result
+
+
+def _bounds_checked() -> bool:
+    from numba.core import config
+
+    return bool(config.BOUNDSCHECK)
+
+
+def _c_entry(overload) -> int:
+    """The address of the C wrapper Numba compiled beside ``overload``
+    (``jit.fast_operation``), or 0 where it has none."""
+    library, fndesc = getattr(overload, "library", None), getattr(overload, "fndesc", None)
+    name = getattr(fndesc, "llvm_cfunc_wrapper_name", None)
+    if library is None or name is None or not hasattr(library, "get_pointer_to_function"):
+        return 0
+    return library.get_pointer_to_function(name)  # 0 if not compiled
 
 
 def _checked(entry, argtypes, dispatcher):

@@ -35,7 +35,7 @@ from ..kernels.operations import (
 )
 from ..policies.batch import FAILED, RELEASE_DUE, TOO_LARGE, sample_usage
 from . import report as _report
-from ._fastcall import Kernel
+from ._fastcall import Kernel, KernelEntry, native_enabled
 
 ALLOCATE = 0
 FREE = 1
@@ -185,10 +185,25 @@ class TableStore:
         reading what it holds attribute by attribute, and calling the entry
         point less than looking it up on the kernel handle (together about
         0.1 us of a 0.7 us allocate+free pair here)."""
+        largest_pointer = MAX_INT64 if frees else 0
         self._fast_allocate = (self._state_address, self._fast_call(self._ALLOCATE),
                                largest_request)
         self._fast_deallocate = (self._state_address, self._fast_call(self._DEALLOCATE),
-                                 MAX_INT64 if frees else 0)
+                                 largest_pointer)
+        self._allocate_entry = self._kernel_entry(self._ALLOCATE, largest_request)
+        self._deallocate_entry = self._kernel_entry(self._DEALLOCATE, largest_pointer)
+
+    # What the public calls' compiled bridge reads (_fastcall.fast_method); None: not armed.
+    _allocate_entry = _deallocate_entry = None
+
+    def _kernel_entry(self, kernel: Kernel, largest: int):
+        """The ``KernelEntry`` through which ``allocate_raw`` or ``deallocate_raw``
+        calls ``kernel`` from C, for values up to ``largest``; None where there
+        is no bridge, the kernel's C entry is not known yet (it is after the
+        first call, which arms the fast paths again) or the fast path is off."""
+        if not (largest and kernel.address and native_enabled()):
+            return None
+        return KernelEntry(kernel.address, self._state, largest)
 
     def _fast_call(self, kernel: Kernel):
         """``kernel.call`` once it is what later calls go through (the compiled

@@ -16,7 +16,7 @@ from ..policies.bfc import (
     bfc_deallocate_timestamped_op,
 )
 from ..stats import AllocatorStats
-from ._fastcall import Kernel
+from ._fastcall import Kernel, fast_method
 from ._tables import LARGEST_FREE_CHUNK, REMOVE_REGION, TableStore
 from .bfc_base import MIN_ALLOCATION, NUM_BINS, BFCBase, round_bytes
 
@@ -104,7 +104,10 @@ class BFCAllocator(TableStore, BFCBase):
     set_timing_counter.__doc__ = BFCBase.set_timing_counter.__doc__
 
     # Fast paths: one kernel call each, lock-free first (kernels.guard), then
-    # under the lock; everything unusual goes to BFCBase.
+    # under the lock; everything unusual goes to BFCBase. With the compiled
+    # bridge (_fastcall.fast_method), a call with one int makes the lock-free
+    # call from C and comes back only for the continuation (__*_after,
+    # class-private: a subclass's continuation never stands in for this one).
     def allocate_raw(self, num_bytes: int, alignment: int = MIN_ALLOCATION,
                      attributes=None, *, freed_before: int = 0) -> int:
         address, call, largest = self._fast_allocate
@@ -117,8 +120,13 @@ class BFCAllocator(TableStore, BFCBase):
         p = call(address, num_bytes, False)
         if p > 0:
             return p
+        return self.__allocate_after(num_bytes, p)
+
+    def __allocate_after(self, num_bytes: int, p: int) -> int:
+        """The common request after the lock-free kernel answered ``p`` (not an address)."""
         if p == _FAILED_HERE:
             raise self._failed_here(num_bytes)
+        address, call, _ = self._fast_allocate
         with self._lock:
             p = call(address, num_bytes, True)
             if p > 0:
@@ -130,6 +138,9 @@ class BFCAllocator(TableStore, BFCBase):
                 if p:
                     return p
             return self._allocate_slow(num_bytes, MIN_ALLOCATION, 0)
+
+    allocate_raw.__doc__ = BFCBase.allocate_raw.__doc__
+    allocate_raw = fast_method(allocate_raw, __allocate_after, "_allocate_entry")
 
     def _failed_here(self, n: int):
         """The error for a request the kernel failed itself (``FAILED_HERE``):
@@ -143,11 +154,21 @@ class BFCAllocator(TableStore, BFCBase):
         address, call, largest = self._fast_deallocate
         if type(ptr) is not int or not 0 < ptr <= largest:
             return super().deallocate_raw(ptr)
-        if call(address, ptr, False) >= 0:
+        answer = call(address, ptr, False)
+        if answer > 0:  # the freed size
             return
+        self.__deallocate_after(ptr, answer)
+
+    def __deallocate_after(self, ptr: int, answer: int) -> None:
+        """The common free after the lock-free kernel answered ``answer`` (not a size)."""
+        address, call, _ = self._fast_deallocate
         with self._lock:
             if call(address, ptr, True) < 0:
                 raise self._invalid_pointer(ptr)
+
+    deallocate_raw.__doc__ = BFCBase.deallocate_raw.__doc__
+    deallocate_raw = fast_method(deallocate_raw, __deallocate_after, "_deallocate_entry",
+                                 releases=True)
 
     # ------------------------------------------------------------------ chunk store
     _RUN_BATCH = Kernel(run_batch_bfc)

@@ -11,7 +11,7 @@ from ..framework.validate import MAX_INT64
 from ..kernels import layout as L
 from ..policies import caching as C
 from ..policies.batch import run_batch_caching
-from ._fastcall import Kernel
+from ._fastcall import Kernel, fast_method
 from ._options import UNLIMITED
 from ._tables import LARGEST_FREE_CHUNK, TableStore
 from .caching_base import FREE_BLOCK_DTYPE, ONE_EIB, CachingBase
@@ -137,7 +137,8 @@ class CachingAllocator(TableStore, CachingBase):
     record_memory_history.__doc__ = CachingBase.record_memory_history.__doc__
 
     # Fast paths: one kernel call each, lock-free first (kernels.guard), then
-    # under the lock; everything unusual goes to CachingBase.
+    # under the lock; everything unusual goes to CachingBase. With the compiled
+    # bridge (_fastcall.fast_method), as BFCAllocator's.
     def allocate_raw(self, num_bytes: int, alignment: int = C.MIN_BLOCK_SIZE,
                      attributes=None) -> int:
         address, call, largest = self._fast_allocate
@@ -150,8 +151,13 @@ class CachingAllocator(TableStore, CachingBase):
         p = call(address, num_bytes, False)
         if p > 0:
             return p
+        return self.__allocate_after(num_bytes, p)
+
+    def __allocate_after(self, num_bytes: int, p: int) -> int:
+        """The common request after the lock-free kernel answered ``p`` (not an address)."""
         if p == _FAILED_HERE:
             raise self._failed_here(num_bytes)
+        address, call, _ = self._fast_allocate
         with self._lock:
             p = call(address, num_bytes, True)
             if p > 0:
@@ -163,17 +169,30 @@ class CachingAllocator(TableStore, CachingBase):
                 return self._malloc_slow(num_bytes)
             return self._malloc(num_bytes)
 
+    allocate_raw.__doc__ = CachingBase.allocate_raw.__doc__
+    allocate_raw = fast_method(allocate_raw, __allocate_after, "_allocate_entry")
+
     def deallocate_raw(self, ptr: int | None) -> None:
         address, call, largest = self._fast_deallocate
         if type(ptr) is not int or not 0 < ptr <= largest:
             return super().deallocate_raw(ptr)
-        if call(address, ptr, False) >= 0:
+        answer = call(address, ptr, False)
+        if answer > 0:  # the freed size
             return
+        self.__deallocate_after(ptr, answer)
+
+    def __deallocate_after(self, ptr: int, answer: int) -> None:
+        """The common free after the lock-free kernel answered ``answer`` (not a size)."""
+        address, call, _ = self._fast_deallocate
         with self._lock:
             if self._deferred_frees is not None:
                 return self._free(ptr)  # a free while the slow path holds blocks: later
             if call(address, ptr, True) < 0:
                 self._free(ptr)  # not live: the base class names the problem
+
+    deallocate_raw.__doc__ = CachingBase.deallocate_raw.__doc__
+    deallocate_raw = fast_method(deallocate_raw, __deallocate_after, "_deallocate_entry",
+                                 releases=True)
 
     # ------------------------------------------------------------------ table store
     def _open_lease(self, fail_quietly: bool = False) -> None:

@@ -42,7 +42,7 @@ from ..policies.compact import (
     compact_slow_path_op,
     top_region_tail_op,
 )
-from ._fastcall import Kernel
+from ._fastcall import Kernel, fast_method
 from ._tables import REMOVE_REGION
 from .bfc import BFCAllocator
 from .bfc_base import MIN_ALLOCATION, round_bytes
@@ -138,11 +138,18 @@ class CompactAllocator(CompactGrowth, BFCAllocator):
     def deallocate_raw(self, ptr: int | None) -> None:
         # Lock-free first (the kernel steps aside when a give-back may become due).
         address, call, largest = self._fast_deallocate
-        if type(ptr) is int and 0 < ptr <= largest and call(address, ptr, False) >= 0:
+        if type(ptr) is int and 0 < ptr <= largest and call(address, ptr, False) > 0:
             return
         super().deallocate_raw(ptr)
 
+    def __deallocate_after(self, ptr: int, answer: int) -> None:
+        """The free after the lock-free kernel answered ``answer`` (not a size):
+        the give-back's way, under the lock."""
+        super().deallocate_raw(ptr)
+
     deallocate_raw.__doc__ = CompactGrowth.deallocate_raw.__doc__
+    deallocate_raw = fast_method(deallocate_raw, __deallocate_after, "_deallocate_entry",
+                                 releases=True)
 
     def _serve_after_lease_growth(self, n: int, alignment: int) -> int:
         self._backend_refused = False  # the kernel's growth took its first try

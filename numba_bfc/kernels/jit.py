@@ -8,6 +8,9 @@ C wrapper (for ctypes/cffi callers; nobody calls a kernel that way, so
 
 - ``operation``: what the façade calls (``*_op``, the batch kernel): a
   CPython wrapper, no C wrapper.
+- ``fast_operation``: an ``operation`` the façade's common calls also make
+  from C (``allocators._fastpath``): with the C wrapper as well, whose
+  address they call.
 - ``helper``: inlined into the operations by LLVM (``forceinline``: the calls
   between helpers pass several machine words per array, and cost more than
   the work they do), and also called from Python by the façade.
@@ -84,5 +87,6 @@ def njit(**options: Any) -> Callable[[Callable], Any]:
 
 
 operation = njit(cache=True)
+fast_operation = njit(cache=True, no_cfunc_wrapper=False)
 helper = njit(cache=True, forceinline=True)
 inner = inline_only or njit(cache=True, forceinline=True, no_cpython_wrapper=True)

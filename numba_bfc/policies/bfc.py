@@ -27,7 +27,7 @@ from ..kernels.chunks import (
 )
 from ..kernels.fields import field, set_field
 from ..kernels.guard import may_proceed, state_at, table_views
-from ..kernels.jit import inner, njit, operation
+from ..kernels.jit import fast_operation, inner, njit, operation
 from ..kernels.layout import (
     FAILED_HERE,
     INVALID_POINTER,
@@ -232,7 +232,7 @@ def fails_without_growth(state, rounded, freed_before):
             and (freed_before != 0 or state[S_TSQ_COUNT] == 0))
 
 
-@operation
+@fast_operation
 def bfc_allocate_op(state_address, num_bytes, locked):
     """``bfc_allocate`` of ``num_bytes`` aligned to the quantum, with no timing
     count (the façade's common request), on the tables the state at
@@ -273,7 +273,7 @@ def _allocate_on_tables(state, num_bytes, alignment, freed_before, locked):
     return p
 
 
-@operation
+@fast_operation
 def bfc_deallocate_op(state_address, ptr, locked):
     """``bfc_deallocate`` on the recorded tables; see ``bfc_allocate_op`` for
     ``state_address`` and ``locked``."""

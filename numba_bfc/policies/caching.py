@@ -44,7 +44,7 @@ from ..kernels.chunks import (
 )
 from ..kernels.fields import field, set_field
 from ..kernels.guard import may_proceed, state_at, table_views
-from ..kernels.jit import helper, inner, njit, operation
+from ..kernels.jit import fast_operation, helper, inner, njit, operation
 from ..kernels.layout import (
     FAILED_HERE,
     INVALID_POINTER,
@@ -757,7 +757,7 @@ def caching_take_block_op(state, h, requested):
     return take_block(chunks, bins, regions, pmap, st, h, requested, round_size(requested, st))
 
 
-@operation
+@fast_operation
 def caching_allocate_op(state_address, requested, locked):
     """``caching_allocate`` on the tables the state at ``state_address``
     records (``kernels.guard.state_at``). With ``locked`` false (a caller
@@ -792,7 +792,7 @@ def caching_allocate_op(state_address, requested, locked):
     return p
 
 
-@operation
+@fast_operation
 def caching_deallocate_op(state_address, ptr, locked):
     """``caching_deallocate`` on the recorded tables; see ``caching_allocate_op``."""
     state = state_at(state_address)

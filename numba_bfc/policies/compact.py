@@ -40,7 +40,7 @@ from ..kernels.chunks import (
 )
 from ..kernels.fields import field
 from ..kernels.guard import may_proceed, state_at, table_views
-from ..kernels.jit import inner, njit, operation
+from ..kernels.jit import fast_operation, inner, njit, operation
 from ..kernels.layout import (
     FAILED_HERE,
     GREW_NOT_FOUND,
@@ -599,7 +599,7 @@ def compact_deallocate(chunks, bins, regions, pmap, state, ptr):
     return size
 
 
-@operation
+@fast_operation
 def compact_allocate_op(state_address, num_bytes, locked):
     """``compact_allocate`` of ``num_bytes`` aligned to the quantum, with no
     timing count, on the tables the state at ``state_address`` records (as
@@ -696,7 +696,7 @@ def compact_slow_path_op(state, num_bytes, alignment):
     return GREW_NOT_FOUND if grown == GREW else NOT_FOUND
 
 
-@operation
+@fast_operation
 def compact_deallocate_op(state_address, ptr, locked):
     """``compact_deallocate`` on the tables the state at ``state_address``
     records (as ``bfc_deallocate_op``). With ``locked`` false it
