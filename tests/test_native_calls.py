@@ -11,6 +11,7 @@ the Python method does.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import inspect
 import threading
@@ -42,21 +43,26 @@ pytestmark = pytest.mark.skipif(
 MiB = 1 << 20
 
 
-def _make(policy: str, limit: int | None):
+def _make(policy: str, limit: int | None, **options):
     if policy == "bfc":
-        return BFCAllocator(VirtualSubAllocator(), memory_limit=limit or 1 << 40)
+        return BFCAllocator(VirtualSubAllocator(), memory_limit=limit or 1 << 40, **options)
     if policy == "caching":
-        return CachingAllocator(VirtualSubAllocator(), memory_limit=limit)
+        return CachingAllocator(VirtualSubAllocator(), memory_limit=limit, **options)
     return CompactAllocator(VirtualSubAllocator(contiguous=True), memory_limit=limit or 1 << 40,
-                            page_size=64 << 10)
+                            page_size=64 << 10, **options)
 
 
-def _pair(policy: str, limit: int | None, monkeypatch):
+def _armed(policy: str, limit: int | None = None, **options):
+    a = _make(policy, limit, **options)
+    a.deallocate_raw(a.allocate_raw(1000))  # compiles: the entries are armed
+    return a
+
+
+def _pair(policy: str, limit: int | None, monkeypatch, **options):
     """The same allocator twice: through the bridge, and through the Python methods."""
-    native = _make(policy, limit)
-    native.deallocate_raw(native.allocate_raw(1000))  # compiles: the entries are armed
+    native = _armed(policy, limit, **options)
     monkeypatch.setenv("NUMBA_BFC_NATIVE_CALLS", "0")
-    python = _make(policy, limit)
+    python = _make(policy, limit, **options)
     python.deallocate_raw(python.allocate_raw(1000))
     monkeypatch.delenv("NUMBA_BFC_NATIVE_CALLS")
     assert isinstance(native._allocate_entry, _fastcall.KernelEntry)
@@ -94,16 +100,10 @@ _OPS = st.lists(st.one_of(
 ), min_size=1, max_size=60)
 
 
-@pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
-@pytest.mark.parametrize("limit", [None, 8 * MiB])
-@settings(max_examples=25, deadline=None)
-@given(ops=_OPS)
-def test_the_bridge_decides_as_the_python_methods(policy, limit, ops):
-    """Random calls, some failing in the kernel (a limit), some invalid: every
-    outcome, error text, statistic and table the Python methods'."""
+def _decide_alike(policy, limit, ops, **options):
     mp = pytest.MonkeyPatch()
     try:
-        native, python = _pair(policy, limit, mp)
+        native, python = _pair(policy, limit, mp, **options)
     finally:
         mp.undo()
     state = {id(a): ([], []) for a in (native, python)}
@@ -116,6 +116,111 @@ def test_the_bridge_decides_as_the_python_methods(policy, limit, ops):
     assert np.array_equal(np.delete(native._state, own), np.delete(python._state, own))
     assert native.get_stats() == python.get_stats()
     check_invariants(native)
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
+@pytest.mark.parametrize("limit", [None, 8 * MiB])
+@settings(max_examples=25, deadline=None)
+@given(ops=_OPS)
+def test_the_bridge_decides_as_the_python_methods(policy, limit, ops):
+    """Random calls, some failing in the kernel (a limit), some invalid: every
+    outcome, error text, statistic and table the Python methods'."""
+    _decide_alike(policy, limit, ops)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ops=_OPS)
+def test_the_bridge_decides_as_the_python_methods_with_the_gc_clock(ops):
+    """The caching policy's garbage collection (its lock-free kernel steps aside
+    while the age clock runs: a missed lookup counts on it)."""
+    _decide_alike("caching", 16 * MiB, ops, garbage_collection_threshold=0.5)
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
+def test_a_plain_call_takes_the_bridge(policy, monkeypatch):
+    """With the Python fast path made to fail, plain calls still succeed: they
+    never reached it. Without the entries they reach it (the check can fail)."""
+    a = _armed(policy)
+
+    def refuse(*args):
+        raise AssertionError("the Python method's kernel call ran")
+
+    for name in ("_fast_allocate", "_fast_deallocate"):
+        address, _, largest = getattr(a, name)
+        monkeypatch.setattr(a, name, (address, refuse, largest))
+    for _ in range(3):
+        a.deallocate_raw(a.allocate_raw(1000))
+    a._allocate_entry = None
+    with pytest.raises(AssertionError, match="kernel call ran"):
+        a.allocate_raw(1000)
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
+def test_a_bridge_call_waits_while_another_thread_holds_the_lock(policy):
+    """The bridge calls its kernel lock-free (``locked`` false): while another
+    thread holds the allocator's lock the kernel steps aside and the call waits
+    for the lock in its continuation; it does not run beside the holder."""
+    a = _armed(policy)
+    p = a.allocate_raw(1000)
+    done = []
+    with a._lock:
+        workers = [threading.Thread(target=lambda: done.append(a.allocate_raw(2000))),
+                   threading.Thread(target=lambda: done.append(a.deallocate_raw(p)))]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(0.3)
+        assert all(t.is_alive() for t in workers) and not done
+    for t in workers:
+        t.join(10)
+    assert len(done) == 2 and a.get_stats().bytes_in_use == a.allocated_size(
+        next(x for x in done if x))
+    check_invariants(a)
+
+
+_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_bool)
+
+
+def _answering(a, answer: int, seen: list):
+    """A KernelEntry on ``a``'s state whose kernel records its arguments and answers ``answer``."""
+    kernel = _KERNEL(lambda state, value, locked: seen.append((state, value, locked)) or answer)
+    entry = _fastcall.KernelEntry(ctypes.cast(kernel, ctypes.c_void_p).value, a._state,
+                                  (1 << 63) - 1)
+    return entry, kernel  # the caller keeps the kernel alive
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
+@pytest.mark.parametrize("answer", [0, L.NEED_ROWS, L.NOT_FOUND, L.TABLES_BUSY, L.FAILED_HERE])
+def test_every_other_allocation_answer_goes_to_the_continuation(policy, answer):
+    """A kernel answer not > 0 (0 too: what Numba's C wrapper answers if a kernel
+    raised) is handed to the continuation, which finishes under the lock, or
+    raises for ``FAILED_HERE``; the kernel was called once, lock-free."""
+    a = _armed(policy)
+    seen = []
+    a._allocate_entry, kernel = _answering(a, answer, seen)
+    if answer == L.FAILED_HERE:
+        with pytest.raises(OutOfMemoryError):
+            a.allocate_raw(1000)
+    else:
+        p = a.allocate_raw(1000)
+        assert a.allocated_size(p) >= 1000
+    assert seen == [(a._state_address, 1000, False)]
+    check_invariants(a)
+
+
+@pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
+@pytest.mark.parametrize("answer", [0, L.INVALID_POINTER, L.TABLES_BUSY])
+def test_every_other_free_answer_goes_to_the_continuation(policy, answer):
+    """A free answered 0 is not taken as done: the continuation frees under the lock."""
+    a = _armed(policy)
+    p = a.allocate_raw(1000)
+    seen = []
+    a._deallocate_entry, kernel = _answering(a, answer, seen)
+    a.deallocate_raw(p)
+    assert a.get_stats().bytes_in_use == 0
+    # compact's continuation is the give-back's way, which goes through BFC's method again
+    assert seen[0] == (a._state_address, p, False) and all(not s[2] for s in seen)
+    check_invariants(a)
 
 
 @pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
@@ -163,6 +268,15 @@ def test_unbound_and_bound_calls(monkeypatch):
     assert allocate(1000) > 0 and allocate(1000) > 0
     with pytest.raises(AttributeError):
         BFCAllocator.allocate_raw(object(), 1000)
+
+
+def test_the_methods_pickle_and_copy_by_reference():
+    import copy
+    import pickle
+
+    for method in (BFCAllocator.allocate_raw, CachingAllocator.deallocate_raw):
+        assert pickle.loads(pickle.dumps(method)) is method
+        assert copy.deepcopy(method) is method and copy.copy(method) is method
 
 
 def test_the_methods_read_as_the_python_ones():
@@ -222,12 +336,33 @@ def test_entries_hold_no_cycle_and_the_state_alive():
     try:
         a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
         a.deallocate_raw(a.allocate_raw(1000))
-        entry, ref = a._allocate_entry, weakref.ref(a)
+        entry, ref, state = a._allocate_entry, weakref.ref(a), weakref.ref(a._state)
         del a
         assert ref() is None
-        assert entry.largest == 1 << 30
+        assert state() is not None and entry.largest == 1 << 30
+        del entry
+        assert state() is None
     finally:
         gc.enable()
+
+
+def test_uninitialised_objects_are_refused_not_called():
+    """Made without ``__init__``, an entry takes no value and a method raises
+    (CPython refuses its empty call slot) and has no ``general``; nothing calls
+    or reads through a null pointer. Neither initialises twice."""
+    method = _fastcall.FastMethod.__new__(_fastcall.FastMethod)
+    with pytest.raises(TypeError):
+        method(object(), 5)
+    with pytest.raises(TypeError, match="not initialised"):
+        method.general  # noqa: B018
+    entry = _fastcall.KernelEntry.__new__(_fastcall.KernelEntry)
+    assert entry.largest == 0
+    with pytest.raises(TypeError, match="once"):
+        BFCAllocator.allocate_raw.__init__(len, len, "x", False)
+    a = BFCAllocator(VirtualSubAllocator(), memory_limit=1 << 30)
+    a.deallocate_raw(a.allocate_raw(1000))
+    with pytest.raises(TypeError, match="once"):
+        a._allocate_entry.__init__(1, np.zeros(8, np.int64), 1)
 
 
 def test_an_entry_refuses_what_is_not_an_int64_state():

@@ -122,7 +122,14 @@ def _bounds_checked() -> bool:
 
 def _c_entry(overload) -> int:
     """The address of the C wrapper Numba compiled beside ``overload``
-    (``jit.fast_operation``), or 0 where it has none."""
+    (``jit.fast_operation``), or 0 where it has none or its signature is not
+    the one the bridge calls, ``int64(int64, int64, boolean)``."""
+    from numba import types
+
+    signature = getattr(overload, "signature", None)
+    if (signature is None or signature.return_type != types.int64
+            or tuple(signature.args) != (types.int64, types.int64, types.boolean)):
+        return 0
     library, fndesc = getattr(overload, "library", None), getattr(overload, "fndesc", None)
     name = getattr(fndesc, "llvm_cfunc_wrapper_name", None)
     if library is None or name is None or not hasattr(library, "get_pointer_to_function"):

@@ -10,9 +10,11 @@
  * (``allocate_raw``, ``deallocate_raw``). Called with one plain ``int``, it
  * reads the instance's ``KernelEntry`` (an attribute the allocator sets when it
  * arms its fast paths) and calls the kernel's C entry, lock-free, as the Python
- * method would. When the kernel's answer is the common one it returns it;
- * otherwise it hands the answer to the class's Python continuation
- * (``after(self, value, answer)``), so that no kernel call is repeated. Any other
+ * method would. An answer > 0 is the common one (an address, or a freed size):
+ * it returns the address, or None for a free. Any other answer, 0 included (what
+ * Numba's C wrapper answers if a kernel raised), goes to the class's Python
+ * continuation (``after(self, value, answer)``), so that no kernel call is
+ * repeated. Any other
  * call (keywords, more arguments, another type, a value out of range, an
  * allocator not armed) goes to the Python method itself (``general``), which
  * decides everything as before. The kernels never release the GIL, and neither
@@ -63,10 +65,9 @@ entry_init(PyObject *op, PyObject *args, PyObject *kwds)
     if (PyObject_GetBuffer(state, &self->state, PyBUF_WRITABLE | PyBUF_FORMAT
                            | PyBUF_C_CONTIGUOUS) < 0)
         return -1;
+    /* native int64 only: NumPy gives "l" (or "q") for it */
     if (self->state.itemsize != 8 || self->state.len < 8 || self->state.format == NULL
-        || (strcmp(self->state.format, "l") != 0 && strcmp(self->state.format, "q") != 0
-            && strcmp(self->state.format, "<l") != 0 && strcmp(self->state.format, "<q") != 0
-            && strcmp(self->state.format, "=l") != 0 && strcmp(self->state.format, "=q") != 0)) {
+        || (strcmp(self->state.format, "l") != 0 && strcmp(self->state.format, "q") != 0)) {
         PyBuffer_Release(&self->state);
         self->state.obj = NULL;
         PyErr_SetString(PyExc_TypeError, "KernelEntry: the state must be an int64 array");
@@ -131,10 +132,16 @@ method_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *
     FastMethod *self = (FastMethod *)op;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
 
+    if (self->general == NULL) {  /* never initialised, or cleared by the collector */
+        PyErr_SetString(PyExc_TypeError, "FastMethod is not initialised");
+        return NULL;
+    }
     if (nargs == 2 && kwnames == NULL && PyLong_CheckExact(args[1])) {
         PyObject *entry_object = PyObject_GetAttr(args[0], self->entry_name);
         if (entry_object == NULL) {
-            /* not an allocator, or not armed: the Python method says what is wrong */
+            /* not an allocator: the Python method says what is wrong */
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                return NULL;
             PyErr_Clear();
         }
         else if (Py_IS_TYPE(entry_object, &KernelEntryType)) {
@@ -144,7 +151,7 @@ method_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *
             if (!overflow && value > 0 && value <= entry->largest) {
                 int64_t answer = entry->fn(entry->state_address, value, 0);
                 Py_DECREF(entry_object);
-                if (self->kind == ALLOCATION ? answer > 0 : answer >= 0) {
+                if (answer > 0) {
                     if (self->kind == ALLOCATION)
                         return PyLong_FromLongLong(answer);
                     Py_RETURN_NONE;
@@ -241,8 +248,26 @@ method_dealloc(PyObject *op)
 static PyObject *
 method_get_general(PyObject *op, void *closure)
 {
-    return Py_NewRef(((FastMethod *)op)->general);
+    FastMethod *self = (FastMethod *)op;
+    if (self->general == NULL) {
+        PyErr_SetString(PyExc_TypeError, "FastMethod is not initialised");
+        return NULL;
+    }
+    return Py_NewRef(self->general);
 }
+
+/* Pickled (and copied) by reference, as the function it stands for:
+ * ``__qualname__`` in ``__module__`` (both set by functools.update_wrapper). */
+static PyObject *
+method_reduce(PyObject *op, PyObject *unused)
+{
+    return PyObject_GetAttrString(op, "__qualname__");
+}
+
+static PyMethodDef method_methods[] = {
+    {"__reduce__", method_reduce, METH_NOARGS, NULL},
+    {NULL},
+};
 
 static PyGetSetDef method_getset[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
@@ -269,6 +294,7 @@ static PyTypeObject FastMethodType = {
     .tp_descr_get = method_descr_get,
     .tp_repr = method_repr,
     .tp_getset = method_getset,
+    .tp_methods = method_methods,
 };
 
 /* ------------------------------------------------------------------ module */

@@ -1,10 +1,10 @@
-"""How kernels are compiled: three decorators, one per role.
+"""How kernels are compiled: four decorators, one per role.
 
 Compiling is what a cold start costs (a first allocation compiles about 20
 functions in 2-2.5 s here), and Numba spends part of it on code a function
 may never need: the CPython wrapper (for calls from Python) and the
-C wrapper (for ctypes/cffi callers; nobody calls a kernel that way, so
-``njit`` here leaves it out). So:
+C wrapper (for callers in C; only the allocators' call bridge calls kernels
+that way, so ``njit`` here leaves it out unless asked). So:
 
 - ``operation``: what the façade calls (``*_op``, the batch kernel): a
   CPython wrapper, no C wrapper.
