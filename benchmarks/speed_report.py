@@ -44,6 +44,7 @@ from typing import Any
 import numba_bfc
 from numba_bfc.traces import make_allocator, replay
 from numba_bfc.traces.data import bundled_names, load_bundled
+from numba_bfc.traces.synthetic import random_churn
 
 BEGIN, END = "<!-- speed-report:begin -->", "<!-- speed-report:end -->"
 SUMMARY_BEGIN, SUMMARY_END = "<!-- speed-summary:begin -->", "<!-- speed-summary:end -->"
@@ -78,13 +79,16 @@ _peer_ratios: dict[str, dict[str, list[float]]] = {}
 _headlines: dict[str, dict[str, Any]] = {}
 
 
-def peer_rows(peers: str, factor: float | None, repeat: int, rounds: int = 1) -> list[dict]:
-    """``compare.py``'s JSON rows for every bundled trace at one limit; with
-    ``rounds`` runs (and those of earlier passes), each side's least time of
-    them (and identical only if identical in every run)."""
-    merged: dict[tuple[str, str], dict] = _peer_rows_so_far.setdefault((factor, repeat), {})
+def peer_rows(peers: str, factor: float | None, repeat: int, rounds: int = 1,
+              traces: tuple[str, ...] = ()) -> list[dict]:
+    """``compare.py``'s JSON rows for every bundled trace (or the trace files
+    ``traces``) at one limit; with ``rounds`` runs (and those of earlier
+    passes), each side's least time of them (and identical only if identical
+    in every run)."""
+    merged: dict[tuple[str, str], dict] = _peer_rows_so_far.setdefault(
+        (factor, repeat, tuple(map(os.path.basename, traces))), {})
     for _ in range(rounds):
-        for row in _compare_once(peers, factor, repeat):
+        for row in _compare_once(peers, factor, repeat, traces):
             key = (row["trace"], row["policy"])
             if key not in merged:
                 merged[key] = row
@@ -96,11 +100,12 @@ def peer_rows(peers: str, factor: float | None, repeat: int, rounds: int = 1) ->
     return list(merged.values())
 
 
-def _compare_once(peers: str, factor: float | None, repeat: int) -> list[dict]:
+def _compare_once(peers: str, factor: float | None, repeat: int,
+                  traces: tuple[str, ...] = ()) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
-        cmd = [sys.executable, os.path.join(peers, "compare.py"), "--repeat", str(repeat),
-               "--json", out]
+        cmd = [sys.executable, os.path.join(peers, "compare.py"), *traces, "--repeat",
+               str(repeat), "--json", out]
         if factor:
             cmd += ["--limit-factor", str(factor)]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -580,6 +585,62 @@ print(*(per_pair(int(live)) for live in sys.argv[2:]))
 """
 
 
+#: Pairs (``random_churn``) replayed after the live allocations, in the kernels and the peers.
+SCALING_PAIRS = 1_000_000
+#: Replays per side and trace there (``compare.py --repeat``): one run takes 3-4 minutes here.
+SCALING_REPEAT = 3
+
+
+def scaling_section(peers: str) -> list[str]:
+    """The allocate+free pair at scale, without Python: ``random_churn`` with
+    ``PAIR_LIVE`` live allocations replayed by the batch kernels and by the
+    C++ peers (``compare.py``), once with ``SCALING_PAIRS`` pairs after them
+    and once without; a pair's time is the difference over ``SCALING_PAIRS``.
+    How much a million live allocations cost each side's tables and trees,
+    where the pair through the API adds the calls' fixed cost. Measured once
+    per report (the last pass), best of ``SCALING_REPEAT`` replays."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for live in PAIR_LIVE:
+            for pairs in (0, SCALING_PAIRS):
+                paths[live, pairs] = os.path.join(tmp, f"churn_{live}_{pairs}.csv.gz")
+                random_churn(live, pairs).write(paths[live, pairs])
+        rows = peer_rows(peers, None, SCALING_REPEAT, 1, tuple(paths.values()))
+    by = {(r["trace"], r["policy"]): r for r in rows}
+    lines = [f"The allocate+free pair at scale, in the batch kernels and the C++ peers: "
+             f"`random_churn` (`numba_bfc.traces.synthetic`: the live allocations, then "
+             f"{SCALING_PAIRS:,} pairs freeing one at random and allocating another, 256 B - "
+             f"4 KiB), ns per pair: a replay with the pairs less one without, over the pairs "
+             f"(unlimited, best of {SCALING_REPEAT} replays each, one run of `compare.py`, in "
+             "the report's last pass):", "",
+             f"| policy / peer | peer, {PAIR_LIVE[0]:,} live | {PAIR_LIVE[1]:,} live | ratio | "
+             f"numba_bfc, {PAIR_LIVE[0]:,} live | {PAIR_LIVE[1]:,} live | ratio |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for policy, peer in (("bfc", "TF BFC"), ("caching", "TinyTorch")):
+        figures = {}
+        for side in ("peer_seconds", "project_seconds"):
+            for live in PAIR_LIVE:
+                full, setup = (by[(_stem(paths[live, pairs]), policy)][side]
+                               for pairs in (SCALING_PAIRS, 0))
+                figures[side, live] = (full - setup) / SCALING_PAIRS * 1e9
+        cells = []
+        for side in ("peer_seconds", "project_seconds"):
+            small, big = figures[side, PAIR_LIVE[0]], figures[side, PAIR_LIVE[1]]
+            cells += [f"{small:.0f}", f"{big:.0f}", f"{big / small:.2f}"]
+        lines.append(f"| {policy} / {peer} | " + " | ".join(cells) + " |")
+    same = sum(r["identical"] for r in rows)
+    lines += ["", f"Identical decisions to the peers on these traces: {same} of {len(rows)}.", ""]
+    return lines
+
+
+def _stem(path: str) -> str:
+    """A trace file's name as ``compare.py`` names its rows."""
+    name = os.path.basename(path)
+    for suffix in (".gz", ".csv"):
+        name = name.removesuffix(suffix)
+    return name
+
+
 def pair_section(before: str | None, rounds: int) -> list[str]:
     trees = _trees(before)
     lines = ["Allocate+free pair through the API (`deallocate_raw` then `allocate_raw`, "
@@ -712,7 +773,7 @@ def main(argv=None) -> int:
              + (f" The run measured everything {args.passes} times, one pass after another, "
                 "and each figure is the least of its passes (the processes a table names, in "
                 "each pass)." if args.passes > 1 else ""), ""]
-    for _ in range(args.passes):  # the last pass's text has every figure's least
+    for done in range(1, args.passes + 1):  # the last pass's text has every figure's least
         body = replay_section(args.peers, args.repeat, args.rounds)
         body += turns_section(args.repeat, args.rounds)
         body += before_section(args.before, args.repeat, args.rounds)
@@ -720,6 +781,8 @@ def main(argv=None) -> int:
             body += warm_section(args.peers, args.repeat)
         body += oom_section(args.before, args.rounds)
         body += pair_section(args.before, args.rounds)
+        if args.peers and done == args.passes:
+            body += scaling_section(args.peers)
         body += start_section(args.before, args.rounds)
     section = "\n".join(lines + body) + "\n"
     if not args.write:

@@ -192,7 +192,7 @@ def test_the_readme_gives_failures_bisections_pairs_and_start_up_beside_the_earl
 
 def _no_other_sections(report, monkeypatch):
     for section in ("turns_section", "warm_section", "oom_section", "pair_section",
-                    "start_section"):
+                    "scaling_section", "start_section"):
         monkeypatch.setattr(report, section, lambda *args: [])
 
 
@@ -302,3 +302,57 @@ def test_one_page_takes_every_passage_with_the_earlier_codes_figures(report, tmp
     assert f"; in the same run the code at {old} took 300 us, 0.050 s and 1.20 us." in text
     assert f"(the code at {old}, in the same run: 7.00, 3.00 and 1.00 s)" in text
     assert text.startswith("A ") and text.endswith(f"{report.START_END} D")
+
+
+def test_the_pair_at_scale_is_each_sides_replay_with_the_pairs_less_the_one_without(
+        report, monkeypatch):
+    small, big = report.PAIR_LIVE
+    pairs = report.SCALING_PAIRS
+    made, asked = [], []
+    tiny = report.random_churn(3, 2)
+
+    def churn(live, n):  # a small trace in the files' place: compare.py is faked too
+        made.append((live, n))
+        return tiny
+
+    def rows(peers, factor, repeat, rounds, traces):
+        asked.append((peers, factor, repeat, rounds, len(traces)))
+        out = []
+        for path in traces:
+            assert os.path.exists(path)
+            live, n = map(int, report._stem(path).split("_")[1:])
+            for policy, per_pair in (("bfc", 100e-9), ("caching", 200e-9)):
+                # A side's replay: its setup, then its pairs; the peer 3x slower per pair,
+                # and a million live allocations make each pair 4x slower on both sides.
+                each = per_pair * (4 if live == big else 1)
+                out.append({"trace": report._stem(path), "policy": policy,
+                            "identical": policy == "bfc" or n == 0,
+                            "project_seconds": 0.5 + n * each,
+                            "peer_seconds": 0.7 + n * 3 * each})
+        return out
+
+    monkeypatch.setattr(report, "random_churn", churn)
+    monkeypatch.setattr(report, "peer_rows", rows)
+    lines = report.scaling_section("PEERS")
+    assert sorted(made) == sorted((live, n) for live in (small, big) for n in (0, pairs))
+    assert asked == [("PEERS", None, report.SCALING_REPEAT, 1, 4)]
+    table = [line for line in lines if line.startswith("| bfc") or line.startswith("| caching")]
+    assert table == ["| bfc / TF BFC | 300 | 1200 | 4.00 | 100 | 400 | 4.00 |",
+                     "| caching / TinyTorch | 600 | 2400 | 4.00 | 200 | 800 | 4.00 |"]
+    assert "Identical decisions to the peers on these traces: 6 of 8." in lines
+
+
+def test_the_pair_at_scale_is_measured_once_in_the_last_pass(report, monkeypatch, tmp_path):
+    passes = []
+    monkeypatch.setattr(report, "replay_section", lambda *args: passes.append("pass") or [])
+    _no_other_sections(report, monkeypatch)
+    monkeypatch.setattr(report, "scaling_section",
+                        lambda peers: passes.append(f"scaling {peers}") or ["| scaled |"])
+    page = tmp_path / "performance.md"
+    page.write_text(f"{report.BEGIN}old{report.END}")
+    assert report.main(["--peers", "PEERS", "--passes", "3", "--write", str(page)]) == 0
+    assert passes == ["pass", "pass", "pass", "scaling PEERS"]
+    assert "| scaled |" in page.read_text()
+    passes.clear()
+    assert report.main(["--passes", "2", "--write", str(page)]) == 0  # no peers: none
+    assert passes == ["pass", "pass"]

@@ -27,7 +27,7 @@ from numba_bfc.traces import (
     sweep_tasks,
 )
 from numba_bfc.traces.data import bundled_names, load_bundled
-from numba_bfc.traces.synthetic import GENERATORS
+from numba_bfc.traces.synthetic import GENERATORS, random_churn
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -544,6 +544,37 @@ def test_progress_reports():
 def test_synthetic_generators_are_seeded(name):
     a, b, c = GENERATORS[name](seed=1), GENERATORS[name](seed=1), GENERATORS[name](seed=2)
     assert a == b and a != c and a.is_valid and len(a) > 1000
+
+
+@given(live=st.integers(1, 40), pairs=st.integers(0, 200), seed=st.integers(0, 2**32 - 1),
+       min_size=st.integers(1, 5000), spread=st.integers(0, 5000))
+@settings(max_examples=60, deadline=None)
+def test_random_churn_is_the_walk_it_describes(live, pairs, seed, min_size, spread):
+    # The vectorised generator against the process written out step by step,
+    # with the same draws: live allocations, then per pair the free of what
+    # the picked slot holds and a new allocation in it.
+    t = random_churn(live, pairs, min_size, min_size + spread, seed)
+    rng = np.random.default_rng(seed)
+    first = rng.integers(min_size, min_size + spread + 1, live)
+    slot = rng.integers(0, live, pairs)
+    later = rng.integers(min_size, min_size + spread + 1, pairs)
+    holds = list(range(live))
+    events = [(0, i, int(first[i])) for i in range(live)]
+    for k in range(pairs):
+        events += [(1, holds[slot[k]], None), (0, live + k, int(later[k]))]
+        holds[slot[k]] = live + k
+    assert [(op, i, size if op == 0 else None)
+            for op, i, size in zip(t.ops.tolist(), t.ids.tolist(), t.sizes.tolist())] == events
+    still_live = set(holds)
+    assert t.is_valid and int(t.live_bytes()[-1]) == sum(
+        size for op, i, size in events if op == 0 and i in still_live)
+
+
+@pytest.mark.parametrize("bad", [dict(live=0), dict(pairs=-1), dict(min_size=0),
+                                 dict(min_size=10, max_size=9)])
+def test_random_churn_refuses_bad_arguments(bad):
+    with pytest.raises(ValueError, match="random_churn needs"):
+        random_churn(**bad)
 
 
 def test_bundled_traces():

@@ -1,5 +1,5 @@
 """Seeded synthetic workloads: steady training, a growing KV cache, bursts,
-and a fragmentation-adversarial pattern.
+a fragmentation-adversarial pattern and random churn at a steady live count.
 
 Every generator returns a valid ``Trace`` whose ``time`` is the event index
 (seconds are meaningless for a synthetic stream) and is deterministic for a
@@ -12,7 +12,8 @@ import numpy as np
 
 from .trace import Trace
 
-__all__ = ["GENERATORS", "bursty", "fragmenting", "growing_kv_cache", "steady_state"]
+__all__ = ["GENERATORS", "bursty", "fragmenting", "growing_kv_cache", "random_churn",
+           "steady_state"]
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -143,6 +144,55 @@ def fragmenting(rounds: int = 30, pairs: int = 64, seed: int = 0) -> Trace:
     return b.trace(f"fragmenting(seed={seed})")
 
 
+def random_churn(live: int = 10_000, pairs: int = 100_000, min_size: int = 256,
+                 max_size: int = 4 * KIB, seed: int = 0) -> Trace:
+    """``live`` allocations, then ``pairs`` times: free one of the live
+    allocations, picked at random, and allocate a new one in its place, so
+    that ``live`` stay live. Sizes are uniform in ``[min_size, max_size]``.
+
+    The allocate+free pair of a program that holds many allocations: the
+    speed report times it with 1,000 and 1,000,000 live, here and in the
+    C++ peers (``benchmarks/speed_report.py``). Built with NumPy, a million
+    events in well under a second.
+
+    Examples
+    --------
+    >>> t = random_churn(live=3, pairs=2, seed=1)
+    >>> t.ops.tolist(), t.ids.tolist()
+    ([0, 0, 0, 1, 0, 1, 0], [0, 1, 2, 2, 3, 0, 4])
+    >>> int(t.live_bytes()[-1]) == int(t.sizes[[1, 4, 6]].sum())  # ids 1, 3 and 4
+    True
+    """
+    if live < 1 or pairs < 0:
+        raise ValueError(f"random_churn needs live >= 1 and pairs >= 0, got {live} and {pairs}")
+    if not 1 <= min_size <= max_size:
+        raise ValueError(f"random_churn needs 1 <= min_size <= max_size, got {min_size} "
+                         f"and {max_size}")
+    rng = np.random.default_rng(seed)
+    first = rng.integers(min_size, max_size + 1, live)
+    slot = rng.integers(0, live, pairs)  # whose allocation pair k frees
+    later = rng.integers(min_size, max_size + 1, pairs)
+    # Pair k allocates id live + k in slot[k]; it frees what that slot holds:
+    # the allocation of the last earlier pair on the slot, else the first.
+    order = np.argsort(slot, kind="stable")
+    previous = np.full(pairs, -1, np.int64)
+    same = slot[order[1:]] == slot[order[:-1]]
+    previous[order[1:][same]] = order[:-1][same]
+    freed = np.where(previous >= 0, live + previous, slot)
+    n = live + 2 * pairs
+    ops = np.zeros(n, np.int8)
+    ids = np.empty(n, np.int64)
+    sizes = np.zeros(n, np.int64)
+    ids[:live] = np.arange(live)
+    sizes[:live] = first
+    ops[live::2] = 1
+    ids[live::2] = freed
+    ids[live + 1::2] = live + np.arange(pairs)
+    sizes[live + 1::2] = later
+    return Trace.from_arrays(ops, ids, sizes, time=np.arange(n, dtype=float),
+                             name=f"random_churn(live={live}, pairs={pairs}, seed={seed})")
+
+
 #: Generator name -> function, for the CLI (``synthetic:NAME`` as a trace).
 GENERATORS = {"steady_state": steady_state, "growing_kv_cache": growing_kv_cache,
-              "bursty": bursty, "fragmenting": fragmenting}
+              "bursty": bursty, "fragmenting": fragmenting, "random_churn": random_churn}
