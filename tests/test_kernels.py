@@ -1,6 +1,7 @@
 """The shared kernels against plain-Python models: ordered sets, pointer map, bins."""
 
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -374,3 +375,81 @@ def test_a_field_name_that_is_not_a_constant_is_a_typing_error():
 
     with pytest.raises(TypingError, match="field name must be a string constant"):
         read(np.zeros(1, dtype=_ROWS), "ptr")
+
+
+# Kernels compile without reference counting (kernels.jit): what that allows and refuses.
+def _owning_nothing_or_skip():
+    from numba_bfc.kernels import jit
+
+    if not jit.owning_nothing:
+        pytest.skip("Numba's internals for kernels without reference counting are missing")
+    return jit
+
+
+def test_the_allocator_kernels_count_no_references():
+    jit = _owning_nothing_or_skip()
+    from numba_bfc.kernels.operations import live_chunk_op
+    from numba_bfc.policies.batch import run_batch_bfc
+    from numba_bfc.policies.bfc import bfc_allocate_op
+    from numba_bfc.policies.caching import round_size
+    from numba_bfc.policies.compact import compact_allocate
+
+    for kernel in (bfc_allocate_op, run_batch_bfc, live_chunk_op, round_size, compact_allocate):
+        assert kernel.targetoptions["_nrt"] is False, kernel
+    assert jit.owning_nothing["_nrt"] is False
+
+
+def test_a_kernel_that_would_return_an_array_is_refused_when_typed():
+    jit = _owning_nothing_or_skip()
+    from numba.core.errors import TypingError
+
+    @jit.operation
+    def hands_back(table):
+        return table
+
+    @jit.helper
+    def hands_back_in_a_tuple(table, n):
+        return n, table[:n]
+
+    @jit.inner
+    def passes_on(table):
+        return table
+
+    @jit.operation
+    def through_an_inner_helper(table):
+        return passes_on(table)[0]
+
+    table = np.arange(4, dtype=np.int64)
+    for call in (lambda: hands_back(table), lambda: hands_back_in_a_tuple(table, 2),
+                 lambda: through_an_inner_helper(table)):
+        with pytest.raises(TypingError, match="cannot return an array"):
+            call()
+
+
+def test_a_kernel_reads_and_writes_arrays_it_is_given_and_makes_none():
+    jit = _owning_nothing_or_skip()
+    from numba.core.errors import TypingError
+
+    @jit.inner
+    def total(table, n):
+        s = 0
+        for i in range(n):
+            s += table[i]
+        return s
+
+    @jit.operation
+    def total_and_mark(table, out):
+        out[0] = total(table, table.shape[0])
+        return out[0] * 2
+
+    @jit.operation
+    def makes_one(n):
+        return np.zeros(n).shape[0]
+
+    table, out = np.arange(10, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    before = sys.getrefcount(table), sys.getrefcount(out)
+    for _ in range(1000):
+        assert total_and_mark(table, out) == 90 and out[0] == 45
+    assert (sys.getrefcount(table), sys.getrefcount(out)) == before
+    with pytest.raises(TypingError):  # Numba refuses an array made without NRT
+        makes_one(3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..kernels import layout as L
 from ..kernels.operations import (
     add_region_op,
@@ -237,9 +239,12 @@ class BFCAllocator(TableStore, BFCBase):
         return bool(self._state[L.S_TSQ_COUNT])
 
     def _merge_timestamped(self, required: int, frontier: int) -> bool:
-        if not self._state[L.S_TSQ_COUNT]:
+        queued = int(self._state[L.S_TSQ_COUNT])
+        if not queued:
             return required == 0
-        return bool(_MERGE_TIMESTAMPED.call(self._state, required, frontier))
+        # The kernel's scratch space: a kernel makes no arrays (kernels.jit).
+        return bool(_MERGE_TIMESTAMPED.call(self._state, required, frontier,
+                                            np.empty((queued, 4), dtype=np.int64)))
 
     def _free_regions(self):
         return [(int(r), int(self._regions[r]["base"]), int(self._regions[r]["size"]))

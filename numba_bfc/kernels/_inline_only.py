@@ -22,10 +22,17 @@ JIT code library). Where they are missing, or with ``NUMBA_BFC_INLINE_ONLY=0``
 (read at import) or ``NUMBA_DISABLE_JIT``, ``inline_only`` is ``None`` and
 ``jit.inner`` compiles each helper on its own, cached, as Numba does by
 default.
+
+``owning_nothing`` is the same for another of Numba's defaults: the options
+under which a kernel compiles without Numba's reference counting (NRT), with
+a check that makes that safe (``jit`` says why), or ``{}`` (reference
+counting as usual) where the internals are missing or with
+``NUMBA_DISABLE_JIT``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +41,70 @@ ENV_VAR = "NUMBA_BFC_INLINE_ONLY"
 
 _OPTIONS = {"nopython": True, "forceinline": True, "no_cpython_wrapper": True,
             "no_cfunc_wrapper": True}
+
+
+def _holds_array(numba_type: Any) -> bool:
+    """True if a value of ``numba_type`` is or holds an array (a reference
+    that reference counting would own)."""
+    from numba import types
+
+    if isinstance(numba_type, types.Array):
+        return True
+    if isinstance(numba_type, types.BaseTuple):
+        return any(_holds_array(t) for t in numba_type.types)
+    if isinstance(numba_type, types.Optional):
+        return _holds_array(numba_type.type)
+    return False
+
+
+@functools.cache  # Numba registers a pass class once
+def _owning_nothing_passes() -> tuple[Any, Any] | None:
+    """``(RefuseArrayResults pass, its compiler)``, or None without the internals."""
+    try:
+        from numba.core.compiler import CompilerBase, DefaultPassBuilder
+        from numba.core.compiler_machinery import AnalysisPass, register_pass
+        from numba.core.errors import TypingError
+        from numba.core.typed_passes import NopythonTypeInference
+    except ImportError:
+        return None
+
+    @register_pass(mutates_CFG=False, analysis_only=True)
+    class RefuseArrayResults(AnalysisPass):
+        """A kernel compiled without reference counting must not return an
+        array: its caller would release a reference it never took."""
+
+        _name = "numba_bfc_refuse_array_results"
+
+        def __init__(self) -> None:
+            AnalysisPass.__init__(self)
+
+        def run_pass(self, state) -> bool:
+            if _holds_array(state.return_type):
+                raise TypingError(
+                    f"{state.func_id.func_qualname} returns {state.return_type}: a kernel "
+                    "compiles without reference counting (kernels.jit) and cannot return an "
+                    "array; take it as an argument instead")
+            return False
+
+    class OwningNothingCompiler(CompilerBase):
+        """Numba's nopython pipeline, refusing array results after typing."""
+
+        def define_pipelines(self):
+            pipeline = DefaultPassBuilder.define_nopython_pipeline(self.state)
+            pipeline.add_pass_after(RefuseArrayResults, NopythonTypeInference)
+            pipeline.finalize()
+            return [pipeline]
+
+    return RefuseArrayResults, OwningNothingCompiler
+
+
+def _define_owning_nothing() -> dict[str, Any]:
+    from numba.core import config
+
+    if config.DISABLE_JIT:
+        return {}
+    passes = _owning_nothing_passes()
+    return {} if passes is None else {"_nrt": False, "pipeline_class": passes[1]}
 
 
 def _define() -> Callable[[Callable], Any] | None:
@@ -46,13 +117,15 @@ def _define() -> Callable[[Callable], Any] | None:
         from numba.core.compiler import CompilerBase, DefaultPassBuilder
         from numba.core.compiler_machinery import LoweringPass, register_pass
         from numba.core.registry import CPUDispatcher
-        from numba.core.typed_passes import NativeLowering
+        from numba.core.typed_passes import NativeLowering, NopythonTypeInference
     except ImportError:
         return None
     needed = ("_finalize_dynamic_globals", "_verify_declare_only_symbols",
               "_optimize_final_module", "_finalize_final_module")
-    if not all(hasattr(JITCodeLibrary, name) for name in needed):
+    passes = _owning_nothing_passes()
+    if passes is None or not all(hasattr(JITCodeLibrary, name) for name in needed):
         return None
+    refuse_array_results = passes[0]
 
     class LinkOnlyLibrary(JITCodeLibrary):
         """A code library whose module is only ever linked into other libraries."""
@@ -95,6 +168,7 @@ def _define() -> Callable[[Callable], Any] | None:
             self.state.library = LinkOnlyLibrary(self.state.targetctx.codegen(),
                                                  self.state.func_id.func_qualname)
             pipeline = DefaultPassBuilder.define_nopython_pipeline(self.state)
+            pipeline.add_pass_after(refuse_array_results, NopythonTypeInference)
             pipeline.add_pass_after(RegisterForLinking, NativeLowering)
             pipeline.finalize()
             return [pipeline]
@@ -112,10 +186,11 @@ def _define() -> Callable[[Callable], Any] | None:
                             "that call it (kernels.jit.inner); call it through a kernel")
 
     def inline_only(fn: Callable) -> Any:
-        return InlineOnlyDispatcher(fn, targetoptions=dict(_OPTIONS),
+        return InlineOnlyDispatcher(fn, targetoptions={**_OPTIONS, "_nrt": False},
                                     pipeline_class=InlineOnlyCompiler)
 
     return inline_only
 
 
 inline_only = _define() if os.environ.get(ENV_VAR, "1") != "0" else None
+owning_nothing = _define_owning_nothing()

@@ -487,21 +487,24 @@ def queue_timestamped(chunks, state, tsq, h):
 
 
 @inner
-def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, safe_frontier):
+def merge_timestamped_chunks(chunks, bins, regions, state, tsq, required_bytes, safe_frontier,
+                             scratch):
     """TF's ``MergeTimestampedChunks``.
 
     With ``required_bytes == 0``: chunks whose tag is below ``safe_frontier``
     become ordinary free chunks and coalesce. Otherwise chunks are force-merged,
     in queue order, until one of at least ``required_bytes`` forms; returns
-    whether that happened (always True for 0).
+    whether that happened (always True for 0). ``scratch`` is int64 space of
+    at least a row per queued chunk and 4 columns (a kernel makes no arrays,
+    ``kernels.jit``).
     """
     n = state[S_TSQ_COUNT]
     cap = tsq.shape[0]
     head = state[S_TSQ_HEAD]
-    merge_h = np.empty(n, dtype=np.int64)
-    merge_g = np.empty(n, dtype=np.int64)
-    keep_h = np.empty(n, dtype=np.int64)
-    keep_g = np.empty(n, dtype=np.int64)
+    merge_h = scratch[:n, 0]
+    merge_g = scratch[:n, 1]
+    keep_h = scratch[:n, 2]
+    keep_g = scratch[:n, 3]
     nm = 0
     nk = 0
     for k in range(n):

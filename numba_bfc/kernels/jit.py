@@ -23,6 +23,19 @@ that way, so ``njit`` here leaves it out unless asked). So:
 All are cached (``cache=True``), an ``inner`` helper inside the kernels that
 inline it, and none releases the GIL (``kernels.guard``).
 
+None of the four counts references (Numba's NRT, ``_nrt=False``): a kernel
+owns no memory. Its tables are views of memory the façade holds
+(``kernels.guard``), and its other arrays are the caller's for the length of
+the call. Numba would still count every one each time a function takes,
+names or passes it on: about 3,000 increments and decrements in a first
+allocation, lowered, then proved useless by LLVM, which cost about 5% of a
+cold first allocation and nothing at run time. Without NRT a kernel cannot
+make an array (Numba says so when compiling it: a caller passes scratch space
+instead) and must not return one: its caller would release a reference it
+never took, so a compiler pass refuses that when typing it
+(``kernels._inline_only.owning_nothing``). Calling a function that counts is
+fine; the planners' kernels, which make arrays, use ``njit`` and count.
+
 Every cached kernel of the package is compiled through ``njit`` here, which keys
 Numba's cache on all the package's kernel sources, not only the function's
 own file. Numba checks only that file, yet a kernel inlines helpers from
@@ -45,7 +58,7 @@ from typing import Any
 from numba import njit as _numba_njit
 from numba.core import config
 
-from numba_bfc.kernels._inline_only import inline_only
+from numba_bfc.kernels._inline_only import inline_only, owning_nothing
 
 # The packages whose modules define kernels; any of them may be inlined into another.
 _KERNEL_PACKAGES = ("kernels", "policies", "planning", "traces")
@@ -86,7 +99,8 @@ def njit(**options: Any) -> Callable[[Callable], Any]:
     return decorate
 
 
-operation = njit(cache=True)
-fast_operation = njit(cache=True, no_cfunc_wrapper=False)
-helper = njit(cache=True, forceinline=True)
-inner = inline_only or njit(cache=True, forceinline=True, no_cpython_wrapper=True)
+operation = njit(cache=True, **owning_nothing)
+fast_operation = njit(cache=True, no_cfunc_wrapper=False, **owning_nothing)
+helper = njit(cache=True, forceinline=True, **owning_nothing)
+inner = inline_only or njit(cache=True, forceinline=True, no_cpython_wrapper=True,
+                            **owning_nothing)

@@ -90,11 +90,12 @@ def largest_free_chunk_op(state):
 
 
 @operation
-def merge_timestamped_op(state, required_bytes, safe_frontier):
-    """``chunks.merge_timestamped_chunks`` on the recorded tables."""
+def merge_timestamped_op(state, required_bytes, safe_frontier, scratch):
+    """``chunks.merge_timestamped_chunks`` on the recorded tables, with
+    ``scratch`` (int64, a row per queued chunk, 4 columns) to work in."""
     chunks, bins, regions, _, tsq, st = table_views(state)
     return merge_timestamped_chunks(chunks, bins, regions, st, tsq, required_bytes,
-                                    safe_frontier)
+                                    safe_frontier, scratch)
 
 
 @operation
