@@ -634,11 +634,9 @@ def scaling_section(peers: str) -> list[str]:
 
 
 def _stem(path: str) -> str:
-    """A trace file's name as ``compare.py`` names its rows."""
-    name = os.path.basename(path)
-    for suffix in (".gz", ".csv"):
-        name = name.removesuffix(suffix)
-    return name
+    """A trace file's name as ``compare.py`` names its rows (``Trace.read``'s
+    default name: the file name up to its first dot)."""
+    return os.path.basename(path).split(".")[0]
 
 
 def pair_section(before: str | None, rounds: int) -> list[str]:

@@ -426,9 +426,13 @@ def test_a_kernel_that_would_return_an_array_is_refused_when_typed():
             call()
 
 
-def test_a_kernel_reads_and_writes_arrays_it_is_given_and_makes_none():
+def test_a_kernel_reads_and_writes_arrays_it_is_given_and_makes_none(tmp_path, monkeypatch):
     jit = _owning_nothing_or_skip()
+    from numba.core import config
     from numba.core.errors import TypingError
+
+    # A cache of this test's own, empty: machine code loaded from a cache cannot be inspected.
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
 
     @jit.inner
     def total(table, n):
@@ -446,10 +450,44 @@ def test_a_kernel_reads_and_writes_arrays_it_is_given_and_makes_none():
     def makes_one(n):
         return np.zeros(n).shape[0]
 
+    @njit(cache=True)
+    def counting_twin(table, out):
+        out[0] = table.shape[0]
+        return out[0]
+
     table, out = np.arange(10, dtype=np.int64), np.zeros(1, dtype=np.int64)
     before = sys.getrefcount(table), sys.getrefcount(out)
     for _ in range(1000):
         assert total_and_mark(table, out) == 90 and out[0] == 45
     assert (sys.getrefcount(table), sys.getrefcount(out)) == before
+    # No reference counting in the machine code, kernel and wrapper alike, where
+    # Numba's default counts (adapting each array from Python, releasing it after).
+    assert counting_twin(table, out) == 10
+    assert "NRT_" in "".join(counting_twin.inspect_llvm().values())
+    assert "NRT_" not in "".join(total_and_mark.inspect_llvm().values())
     with pytest.raises(TypingError):  # Numba refuses an array made without NRT
         makes_one(3)
+
+
+def test_a_counting_function_a_kernel_compiles_first_still_counts(tmp_path, monkeypatch):
+    # Numba takes the flag from the caller when a function does not set it: a
+    # plain kernels.jit.njit function first compiled from a kernel would count
+    # nothing, then serve callers that count (and the cache) that way.
+    jit = _owning_nothing_or_skip()
+    from numba.core import config
+
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))  # inspectable: compiled here
+
+    @jit.njit(cache=True)
+    def first_item(table):
+        return table[0]
+
+    @jit.operation
+    def through_a_counting_function(table):
+        return first_item(table)
+
+    table = np.arange(3, dtype=np.int64) + 7
+    assert through_a_counting_function(table) == 7
+    assert first_item.targetoptions["_nrt"] is True
+    assert "NRT_" in "".join(first_item.inspect_llvm().values())
+    assert "NRT_" not in "".join(through_a_counting_function.inspect_llvm().values())

@@ -91,6 +91,7 @@ class BFCAllocator(TableStore, BFCBase):
         # take: without it, a kernel that finds no fit and no room to grow
         # fails the allocation itself (policies.bfc.fails_without_growth).
         self._state[L.S_FAIL_LIMIT] = 0 if self._garbage_collection else self._memory_limit
+        self._merge_scratch = np.empty((0, 4), dtype=np.int64)  # _merge_timestamped's
         self._arm()
 
     def _arm(self) -> None:
@@ -242,9 +243,13 @@ class BFCAllocator(TableStore, BFCBase):
         queued = int(self._state[L.S_TSQ_COUNT])
         if not queued:
             return required == 0
-        # The kernel's scratch space: a kernel makes no arrays (kernels.jit).
-        return bool(_MERGE_TIMESTAMPED.call(self._state, required, frontier,
-                                            np.empty((queued, 4), dtype=np.int64)))
+        # The kernel's scratch space (a kernel makes no arrays, kernels.jit), kept:
+        # with timing counts in use every allocation merges first.
+        scratch = self._merge_scratch
+        if len(scratch) < queued:
+            scratch = self._merge_scratch = np.empty((max(queued, 2 * len(scratch)), 4),
+                                                     dtype=np.int64)
+        return bool(_MERGE_TIMESTAMPED.call(self._state, required, frontier, scratch))
 
     def _free_regions(self):
         return [(int(r), int(self._regions[r]["base"]), int(self._regions[r]["size"]))

@@ -43,20 +43,6 @@ _OPTIONS = {"nopython": True, "forceinline": True, "no_cpython_wrapper": True,
             "no_cfunc_wrapper": True}
 
 
-def _holds_array(numba_type: Any) -> bool:
-    """True if a value of ``numba_type`` is or holds an array (a reference
-    that reference counting would own)."""
-    from numba import types
-
-    if isinstance(numba_type, types.Array):
-        return True
-    if isinstance(numba_type, types.BaseTuple):
-        return any(_holds_array(t) for t in numba_type.types)
-    if isinstance(numba_type, types.Optional):
-        return _holds_array(numba_type.type)
-    return False
-
-
 @functools.cache  # Numba registers a pass class once
 def _owning_nothing_passes() -> tuple[Any, Any] | None:
     """``(RefuseArrayResults pass, its compiler)``, or None without the internals."""
@@ -71,7 +57,8 @@ def _owning_nothing_passes() -> tuple[Any, Any] | None:
     @register_pass(mutates_CFG=False, analysis_only=True)
     class RefuseArrayResults(AnalysisPass):
         """A kernel compiled without reference counting must not return an
-        array: its caller would release a reference it never took."""
+        array, or anything else that holds a counted reference: a caller that
+        counts would release a reference it never took."""
 
         _name = "numba_bfc_refuse_array_results"
 
@@ -79,11 +66,13 @@ def _owning_nothing_passes() -> tuple[Any, Any] | None:
             AnalysisPass.__init__(self)
 
         def run_pass(self, state) -> bool:
-            if _holds_array(state.return_type):
+            model = state.targetctx.data_model_manager[state.return_type]
+            if model.contains_nrt_meminfo():  # arrays, strings, lists, ..., in tuples too
                 raise TypingError(
                     f"{state.func_id.func_qualname} returns {state.return_type}: a kernel "
                     "compiles without reference counting (kernels.jit) and cannot return an "
-                    "array; take it as an argument instead")
+                    "array (or anything else that holds a reference); take it as an argument "
+                    "instead")
             return False
 
     class OwningNothingCompiler(CompilerBase):

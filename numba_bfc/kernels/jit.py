@@ -28,13 +28,18 @@ owns no memory. Its tables are views of memory the façade holds
 (``kernels.guard``), and its other arrays are the caller's for the length of
 the call. Numba would still count every one each time a function takes,
 names or passes it on: about 3,000 increments and decrements in a first
-allocation, lowered, then proved useless by LLVM, which cost about 5% of a
-cold first allocation and nothing at run time. Without NRT a kernel cannot
-make an array (Numba says so when compiling it: a caller passes scratch space
-instead) and must not return one: its caller would release a reference it
-never took, so a compiler pass refuses that when typing it
-(``kernels._inline_only.owning_nothing``). Calling a function that counts is
-fine; the planners' kernels, which make arrays, use ``njit`` and count.
+allocation, lowered, then proved useless by LLVM, about 5% of a cold first
+allocation (``docs/performance.md``); and each call from Python would adapt
+every array argument into a counted one and release it after. Without NRT a
+kernel cannot make an array (Numba says so when compiling it: a caller passes
+scratch space instead) and must not return one, nor anything else holding a
+counted reference: a caller that counts would release a reference it never
+took, so a compiler pass refuses that when typing the kernel
+(``kernels._inline_only.owning_nothing``). ``njit`` here counts unless given
+those options, whoever compiles the function first (Numba would take the flag
+from the caller): the planners' kernels, which make arrays, count. A kernel
+may call one of them, but not one that returns an array it made (it would
+never be released); none does.
 
 Every cached kernel of the package is compiled through ``njit`` here, which keys
 Numba's cache on all the package's kernel sources, not only the function's
@@ -81,6 +86,9 @@ def njit(**options: Any) -> Callable[[Callable], Any]:
     for the current kernel sources of the whole package, and without the C
     wrapper unless ``no_cfunc_wrapper=False`` asks for it."""
     options.setdefault("no_cfunc_wrapper", True)
+    # Counted unless asked otherwise: Numba would otherwise take the flag from
+    # whichever caller compiled the function first (a kernel that counts nothing).
+    options.setdefault("_nrt", True)
 
     def decorate(fn: Callable) -> Any:
         dispatcher = _numba_njit(**options)(fn)
