@@ -40,12 +40,12 @@ from typing import Any
 ENV_VAR = "NUMBA_BFC_INLINE_ONLY"
 
 _OPTIONS = {"nopython": True, "forceinline": True, "no_cpython_wrapper": True,
-            "no_cfunc_wrapper": True}
+            "no_cfunc_wrapper": True, "_nrt": False}
 
 
 @functools.cache  # Numba registers a pass class once
 def _owning_nothing_passes() -> tuple[Any, Any] | None:
-    """``(RefuseArrayResults pass, its compiler)``, or None without the internals."""
+    """``(RefuseCountedResults pass, its compiler)``, or None without the internals."""
     try:
         from numba.core.compiler import CompilerBase, DefaultPassBuilder
         from numba.core.compiler_machinery import AnalysisPass, register_pass
@@ -55,12 +55,12 @@ def _owning_nothing_passes() -> tuple[Any, Any] | None:
         return None
 
     @register_pass(mutates_CFG=False, analysis_only=True)
-    class RefuseArrayResults(AnalysisPass):
+    class RefuseCountedResults(AnalysisPass):
         """A kernel compiled without reference counting must not return an
         array, or anything else that holds a counted reference: a caller that
         counts would release a reference it never took."""
 
-        _name = "numba_bfc_refuse_array_results"
+        _name = "numba_bfc_refuse_counted_results"
 
         def __init__(self) -> None:
             AnalysisPass.__init__(self)
@@ -76,15 +76,15 @@ def _owning_nothing_passes() -> tuple[Any, Any] | None:
             return False
 
     class OwningNothingCompiler(CompilerBase):
-        """Numba's nopython pipeline, refusing array results after typing."""
+        """Numba's nopython pipeline, refusing counted results after typing."""
 
         def define_pipelines(self):
             pipeline = DefaultPassBuilder.define_nopython_pipeline(self.state)
-            pipeline.add_pass_after(RefuseArrayResults, NopythonTypeInference)
+            pipeline.add_pass_after(RefuseCountedResults, NopythonTypeInference)
             pipeline.finalize()
             return [pipeline]
 
-    return RefuseArrayResults, OwningNothingCompiler
+    return RefuseCountedResults, OwningNothingCompiler
 
 
 def _define_owning_nothing() -> dict[str, Any]:
@@ -114,7 +114,7 @@ def _define() -> Callable[[Callable], Any] | None:
     passes = _owning_nothing_passes()
     if passes is None or not all(hasattr(JITCodeLibrary, name) for name in needed):
         return None
-    refuse_array_results = passes[0]
+    refuse_counted_results = passes[0]
 
     class LinkOnlyLibrary(JITCodeLibrary):
         """A code library whose module is only ever linked into other libraries."""
@@ -157,7 +157,7 @@ def _define() -> Callable[[Callable], Any] | None:
             self.state.library = LinkOnlyLibrary(self.state.targetctx.codegen(),
                                                  self.state.func_id.func_qualname)
             pipeline = DefaultPassBuilder.define_nopython_pipeline(self.state)
-            pipeline.add_pass_after(refuse_array_results, NopythonTypeInference)
+            pipeline.add_pass_after(refuse_counted_results, NopythonTypeInference)
             pipeline.add_pass_after(RegisterForLinking, NativeLowering)
             pipeline.finalize()
             return [pipeline]
@@ -175,7 +175,7 @@ def _define() -> Callable[[Callable], Any] | None:
                             "that call it (kernels.jit.inner); call it through a kernel")
 
     def inline_only(fn: Callable) -> Any:
-        return InlineOnlyDispatcher(fn, targetoptions={**_OPTIONS, "_nrt": False},
+        return InlineOnlyDispatcher(fn, targetoptions=dict(_OPTIONS),
                                     pipeline_class=InlineOnlyCompiler)
 
     return inline_only
