@@ -156,6 +156,32 @@ def test_batch_throughput(benchmark, cls, mode):
     benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
 
 
+@pytest.mark.benchmark(group="small batch")
+@pytest.mark.parametrize("mode", ["batch", "per-call"])
+@pytest.mark.parametrize("n", [4, 64])
+@pytest.mark.parametrize("cls", [BFCAllocator, CompactAllocator], ids=["bfc", "compact"])
+def test_small_batch(benchmark, cls, n, mode):
+    """A warm allocator given ``n`` operations (``n / 2`` allocations, then their
+    frees) in one ``run_batch`` call, against the same calls one by one: what
+    a batch's checks and set-up cost where it has little to amortise them
+    over."""
+    half = n // 2
+    ops = np.repeat(np.array([0, 1], dtype=np.int8), half)
+    ids = np.concatenate([np.arange(half), np.arange(half)])
+    sizes = np.where(ops == 0, 1000, 0)
+    a = cls(VirtualSubAllocator(contiguous=True), memory_limit=1 << 40)
+    sizes_list = sizes[:half].tolist()
+
+    def per_call():
+        allocate, free = a.allocate_raw, a.deallocate_raw
+        for p in [allocate(s) for s in sizes_list]:
+            free(p)
+
+    run = (lambda: a.run_batch(ops, ids, sizes)) if mode == "batch" else per_call
+    run()
+    benchmark(run)
+
+
 @pytest.mark.benchmark(group="training")
 @pytest.mark.parametrize("cls", [BFCAllocator, CachingAllocator], ids=["bfc", "caching"])
 def test_training_workload(benchmark, cls):

@@ -8,6 +8,13 @@ from hypothesis import strategies as st
 
 from numba_bfc import BFCAllocator, InvalidPointerError, OutOfMemoryError
 from numba_bfc.backends import VirtualSubAllocator
+from numba_bfc.policies.batch import (
+    BAD_OP,
+    BATCH_OK,
+    NEGATIVE_ID,
+    NEGATIVE_SIZE,
+    batch_problem,
+)
 from numba_bfc.testing.invariants import check_invariants
 from numba_bfc.traces import make_allocator
 
@@ -71,3 +78,36 @@ def test_ids_pair_the_same_whether_they_index_the_table_or_are_numbered_first(
     assert (sparse.run_batch(ops, spread, sizes).tolist()
             == dense.run_batch(ops, ids, sizes).tolist())
     check_invariants(sparse)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1 << 40),
+                               st.integers(0, 1 << 40)), min_size=1, max_size=30),
+       spoilt=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 29),
+                                 st.sampled_from([-(1 << 40), -2, -1, 2, 3])), max_size=3))
+def test_the_batch_check_finds_what_numpy_finds(rows, spoilt):
+    """``batch_problem`` (one pass in a kernel) answers what NumPy's checks
+    answer, in their order: an op other than 0 and 1 first, then a negative
+    id, then a negative size; and the largest id (at least -1). ``spoilt``
+    puts a few bad values in a good batch, so that each kind is met alone
+    and with the others."""
+    columns = [np.array([r[k] for r in rows], dtype=np.int64) for k in range(3)]
+    for column, row, value in spoilt:
+        columns[column][row % len(rows)] = value
+    ops, ids, sizes = columns
+    expected = (BAD_OP if ((ops != 0) & (ops != 1)).any() else
+                NEGATIVE_ID if (ids < 0).any() else
+                NEGATIVE_SIZE if (sizes < 0).any() else BATCH_OK)
+    assert batch_problem(ops, ids, sizes) == (expected, max(int(ids.max()), -1))
+
+
+def test_a_batch_with_several_problems_is_refused_for_the_first_kind_and_changes_nothing():
+    a = BFCAllocator(VirtualSubAllocator(), memory_limit=4 * MiB)
+    before = a.get_stats()
+    for batch, message in ((([0, 2], [-1, 0], [-5, 1]), "ops must contain only 0"),
+                           (([0, 0], [0, -1], [-5, 1]), "ids must be >= 0"),
+                           (([0, 0], [0, 1], [5, -1]), "sizes must be >= 0")):
+        with pytest.raises(ValueError, match=message):
+            a.run_batch(*(np.array(x) for x in batch))
+        assert a.get_stats() == before
+    check_invariants(a)

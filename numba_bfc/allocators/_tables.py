@@ -33,7 +33,17 @@ from ..kernels.operations import (
     map_rehash_op,
     remove_region_op,
 )
-from ..policies.batch import FAILED, RELEASE_DUE, TOO_LARGE, sample_usage
+from ..policies.batch import (
+    BAD_OP,
+    BATCH_OK,
+    FAILED,
+    NEGATIVE_ID,
+    NEGATIVE_SIZE,
+    RELEASE_DUE,
+    TOO_LARGE,
+    batch_problem,
+    sample_usage,
+)
 from . import report as _report
 from ._fastcall import Kernel, KernelEntry, native_enabled
 
@@ -48,15 +58,15 @@ _DIRECT_IDS_PER_OPERATION = 4
 _DIRECT_IDS_FLOOR = 1 << 16
 
 
-def _pairing_slots(ids: np.ndarray) -> tuple[np.ndarray, int]:
-    """``run_batch``'s non-negative ``ids`` as indices into its pairing table
-    (allocation slot per id), and the table's length: the ids themselves where
-    that table stays small, else their rank among the distinct ids (a sort,
-    about 70 ns per id for a million: more than the kernels take per
-    operation), so that a large id costs no table of that size."""
+def _pairing_slots(ids: np.ndarray, top: int) -> tuple[np.ndarray, int]:
+    """``run_batch``'s non-negative ``ids`` (the largest ``top``) as indices
+    into its pairing table (allocation slot per id), and the table's length:
+    the ids themselves where that table stays small, else their rank among
+    the distinct ids (a sort, about 70 ns per id for a million: more than the
+    kernels take per operation), so that a large id costs no table of that
+    size."""
     if not ids.size:
         return ids, 1
-    top = int(ids.max())
     if top < _DIRECT_IDS_PER_OPERATION * ids.size + _DIRECT_IDS_FLOOR:
         return ids, top + 1
     distinct, ranks = np.unique(ids, return_inverse=True)
@@ -67,14 +77,16 @@ def _integer_array(values, name: str) -> np.ndarray:
     """``values`` as a contiguous int64 array, refusing (before any conversion
     could change a value) anything but integers that int64 holds."""
     array = np.asarray(values)
+    if array.dtype.kind == "i":  # the usual case: every signed width fits
+        return np.ascontiguousarray(array, dtype=np.int64)
     if array.size == 0:
         return np.zeros(array.shape, dtype=np.int64)
-    if array.dtype == np.bool_ or array.dtype.kind not in "iu":
+    if array.dtype.kind != "u":  # bools, floats, strings, objects
         if not (array.dtype == object and all(type(v) is int for v in array.flat)):
             raise TypeError(f"{name} must be integers, got {array.dtype} values")
         if min(array.flat) < -MAX_INT64 - 1 or max(array.flat) > MAX_INT64:
             raise ValueError(f"{name} must fit in int64")
-    elif array.dtype.kind == "u" and int(array.max()) > MAX_INT64:
+    elif int(array.max()) > MAX_INT64:
         raise ValueError(f"{name} must fit in int64, got {int(array.max())}")
     return np.ascontiguousarray(array, dtype=np.int64)
 
@@ -89,6 +101,9 @@ _TABLE_SLOTS = {
 }
 
 _SAMPLE_USAGE = Kernel(sample_usage)
+_BATCH_PROBLEM = Kernel(batch_problem)
+_BATCH_PROBLEMS = {BAD_OP: "ops must contain only 0 (allocate) and 1 (free)",
+                   NEGATIVE_ID: "ids must be >= 0", NEGATIVE_SIZE: "sizes must be >= 0"}
 _LIVE_CHUNK = Kernel(live_chunk_op)
 # Chunk-level operations every table-backed allocator calls.
 REMOVE_REGION = Kernel(remove_region_op)
@@ -485,13 +500,10 @@ class TableStore:
         alignment = self._batch_alignment(check_alignment(alignment))
         if not (ops.shape == ids.shape == sizes.shape) or ops.ndim != 1:
             raise ValueError("ops, ids and sizes must be 1-D arrays of the same length")
-        if ops.size and (((ops != ALLOCATE) & (ops != FREE)).any()):
-            raise ValueError("ops must contain only 0 (allocate) and 1 (free)")
-        if ids.size and ids.min() < 0:
-            raise ValueError("ids must be >= 0")
-        if sizes.size and sizes.min() < 0:
-            raise ValueError("sizes must be >= 0")
-        slots, num_slots = _pairing_slots(ids)
+        problem, top = _BATCH_PROBLEM.call(ops, ids, sizes)
+        if problem != BATCH_OK:
+            raise ValueError(_BATCH_PROBLEMS[problem])
+        slots, num_slots = _pairing_slots(ids, top)
         id_ptr = np.full(num_slots, -1, dtype=np.int64)
         out = np.zeros(ops.shape[0], dtype=np.int64)
         with self._lock:

@@ -144,3 +144,33 @@ def run_batch_compact(state, ops, ids, sizes, alignment, max_request, id_ptr, ou
     return run_batch(_compact_allocate, compact_deallocate, _RELEASES, state, ops, ids, sizes,
                      alignment, max_request, id_ptr, out, start, stop, series, stride,
                      in_use_slot)
+
+
+#: ``batch_problem``'s answers: the first kind of problem ``run_batch`` names.
+BATCH_OK = 0
+BAD_OP = 1  # an op other than 0 (allocate) and 1 (free)
+NEGATIVE_ID = 2
+NEGATIVE_SIZE = 3
+
+
+@operation
+def batch_problem(ops, ids, sizes):
+    """``(problem, top_id)`` of a batch's int64 arrays (of one length): the
+    first of ``BAD_OP``, ``NEGATIVE_ID``, ``NEGATIVE_SIZE`` that any entry
+    has, in that order, or ``BATCH_OK``; and the largest id (at least -1).
+    One pass: NumPy's checks took a pass and a temporary array each, about
+    7 us of a batch of a few operations."""
+    bad_op = negative_id = negative_size = False
+    top = np.int64(-1)
+    for i in range(ops.shape[0]):
+        bad_op |= ops[i] != 0 and ops[i] != 1
+        negative_id |= ids[i] < 0
+        negative_size |= sizes[i] < 0
+        top = max(top, ids[i])
+    if bad_op:
+        return BAD_OP, top
+    if negative_id:
+        return NEGATIVE_ID, top
+    if negative_size:
+        return NEGATIVE_SIZE, top
+    return BATCH_OK, top
