@@ -336,6 +336,25 @@ def test_tables_of_spaces_repeat_the_size_bins_in_each_space():
     assert bins["bin_size"].tolist() == [256, 512, 1024] and state[L.S_SPACE_BINS] == 0
 
 
+def test_fresh_tables_are_copies_that_share_nothing():
+    """``new_tables`` copies one set made per set of arguments: each call's
+    tables are writable, laid out as the first, and a change to one set
+    (a kernel's work) reaches no other, nor the sets after."""
+    first = L.new_tables(21, 256, state_size=L.STATE_SIZE + 3)
+    chunks, bins, regions, pmap, state, tsq = first
+    before = [table.tobytes() for table in first]
+    assert state[L.S_FREE_ROWS] == chunks.shape[0] == 1024 and state[L.S_FREE_HEAD] == 0
+    assert chunks["next"][:3].tolist() == [1, 2, 3] and chunks["next"][-1] == L.NO_HANDLE
+    for table in first:
+        assert table.flags.writeable and table.flags.c_contiguous
+        table.view(np.uint8)[:] = 0x5A  # everything changed
+    second = L.new_tables(21, 256, state_size=L.STATE_SIZE + 3)
+    assert [table.tobytes() for table in second] == before
+    assert [t.dtype for t in second] == [t.dtype for t in first]
+    assert [t.shape for t in second] == [t.shape for t in first]
+    assert not any(np.shares_memory(a, b) for a in first for b in second)
+
+
 @settings(max_examples=300, deadline=None)
 @given(bits=st.integers(0, 2**64 - 1), b=st.integers(0, 64), stop=st.integers(0, 64))
 def test_next_nonempty_bin_is_the_first_bit_set_from_b_before_stop(bits, b, stop):

@@ -146,7 +146,7 @@ class Trace:
         #: Events dropped by ``clean()``, by problem name (empty otherwise).
         self.dropped: dict[str, int] = {}
         self._pairing: tuple[np.ndarray, np.ndarray, int] | None = None
-        self._derived: dict[str, np.ndarray] = {}  # slots, live bytes: computed once
+        self._derived: dict[str, Any] = {}  # slots, live bytes, counts: computed once
         self._valid = False
         if validate:
             self.validate()
@@ -309,7 +309,9 @@ class Trace:
     # ------------------------------------------------------------------ derived
     @property
     def num_allocations(self) -> int:
-        return int(np.count_nonzero(self.ops == K.ALLOC))
+        if "allocations" not in self._derived:  # a pass over the events: once
+            self._derived["allocations"] = int(np.count_nonzero(self.ops == K.ALLOC))
+        return self._derived["allocations"]
 
     def partners(self) -> np.ndarray:
         """For an allocation, the index of its free (-1: never freed); for a
