@@ -355,6 +355,30 @@ def test_fresh_tables_are_copies_that_share_nothing():
     assert not any(np.shares_memory(a, b) for a in first for b in second)
 
 
+def test_grown_tables_keep_every_row_and_chain_the_new_ones():
+    """The chunk and region tables double, their rows copied as bytes: every
+    old row as it was, the new chunk rows on the free-row list before the old
+    head, the new region rows empty."""
+    chunks, _, regions, _, state, _ = L.new_tables(21, 256, chunk_rows=8, region_rows=4)
+    rng = np.random.default_rng(7)
+    for table in (chunks, regions):
+        table.view(np.uint8)[:] = rng.integers(0, 256, table.nbytes, dtype=np.uint8)
+    state[L.S_FREE_HEAD], state[L.S_FREE_ROWS] = 3, 5
+    grown = L.grow_chunks(chunks, state)
+    assert grown[:8].tobytes() == chunks.tobytes() and grown.shape == (16,)
+    assert state[L.S_FREE_HEAD] == 8 and state[L.S_FREE_ROWS] == 13
+    assert grown["next"][8:].tolist() == [*range(9, 16), 3]
+    assert (grown["allocation_id"][8:] == -1).all()
+    for name in L.CHUNK_DTYPE.names:  # an unused row: no links, nothing else
+        unused = {"allocation_id": -1, "next": None}.get(
+            name, L.NO_HANDLE if name in ("prev", "left", "right", "parent", "bin", "region")
+            else 0)
+        assert unused is None or (grown[name][8:] == unused).all(), name
+    grown_regions = L.grow_regions(regions)
+    assert grown_regions[:4].tobytes() == regions.tobytes()
+    assert grown_regions[4:].tobytes() == L.new_tables(21, 256, region_rows=4)[2].tobytes()
+
+
 @settings(max_examples=300, deadline=None)
 @given(bits=st.integers(0, 2**64 - 1), b=st.integers(0, 64), stop=st.integers(0, 64))
 def test_next_nonempty_bin_is_the_first_bit_set_from_b_before_stop(bits, b, stop):
