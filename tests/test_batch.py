@@ -82,7 +82,7 @@ def test_ids_pair_the_same_whether_they_index_the_table_or_are_numbered_first(
 
 @settings(max_examples=300, deadline=None)
 @given(rows=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1 << 40),
-                               st.integers(0, 1 << 40)), min_size=1, max_size=30),
+                               st.integers(0, 1 << 40)), max_size=30),
        spoilt=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 29),
                                  st.sampled_from([-(1 << 40), -2, -1, 2, 3])), max_size=3))
 def test_the_batch_check_finds_what_numpy_finds(rows, spoilt):
@@ -92,13 +92,13 @@ def test_the_batch_check_finds_what_numpy_finds(rows, spoilt):
     puts a few bad values in a good batch, so that each kind is met alone
     and with the others."""
     columns = [np.array([r[k] for r in rows], dtype=np.int64) for k in range(3)]
-    for column, row, value in spoilt:
+    for column, row, value in spoilt if rows else ():
         columns[column][row % len(rows)] = value
     ops, ids, sizes = columns
     expected = (BAD_OP if ((ops != 0) & (ops != 1)).any() else
                 NEGATIVE_ID if (ids < 0).any() else
                 NEGATIVE_SIZE if (sizes < 0).any() else BATCH_OK)
-    assert batch_problem(ops, ids, sizes) == (expected, max(int(ids.max()), -1))
+    assert batch_problem(ops, ids, sizes) == (expected, max(ids.max(initial=-1), -1))
 
 
 def test_a_batch_with_several_problems_is_refused_for_the_first_kind_and_changes_nothing():
@@ -110,4 +110,27 @@ def test_a_batch_with_several_problems_is_refused_for_the_first_kind_and_changes
         with pytest.raises(ValueError, match=message):
             a.run_batch(*(np.array(x) for x in batch))
         assert a.get_stats() == before
+    check_invariants(a)
+
+
+def test_a_batch_takes_any_one_dimensional_integer_arrays_and_refuses_other_shapes():
+    """Lists, strided views, read-only arrays and narrower integer types give
+    what int64 arrays give; an empty batch does nothing; a single value
+    (0-d) or a 2-D array is refused, nothing changed."""
+    ops, ids, sizes = np.array([0, 0, 1]), np.array([0, 1, 0]), np.array([1000, 2000, 0])
+    expected = make_allocator("bfc").run_batch(ops, ids, sizes).tolist()
+    strided = [np.repeat(x, 2)[::2] for x in (ops, ids, sizes)]
+    read_only = [x.copy() for x in (ops, ids, sizes)]
+    for x in read_only:
+        x.flags.writeable = False
+    for batch in ([x.tolist() for x in (ops, ids, sizes)], strided, read_only,
+                  [ops.astype(np.int8), ids.astype(np.int32), sizes.astype(np.uint16)]):
+        assert make_allocator("bfc").run_batch(*batch).tolist() == expected
+    a = make_allocator("bfc")
+    assert a.run_batch([], [], []).tolist() == []
+    for batch in ((0, 0, 1000), (np.array(0), np.array([0]), np.array([1000])),
+                  (ops.reshape(3, 1), ids.reshape(3, 1), sizes.reshape(3, 1))):
+        with pytest.raises(ValueError, match="1-D arrays of the same length"):
+            a.run_batch(*batch)
+    assert a.get_stats().num_allocs == 0
     check_invariants(a)

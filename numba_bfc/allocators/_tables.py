@@ -34,6 +34,7 @@ from ..kernels.operations import (
     remove_region_op,
 )
 from ..policies.batch import (
+    ALLOCATE,
     BAD_OP,
     BATCH_OK,
     FAILED,
@@ -47,8 +48,6 @@ from ..policies.batch import (
 from . import report as _report
 from ._fastcall import Kernel, KernelEntry, native_enabled
 
-ALLOCATE = 0
-FREE = 1
 _NO_SERIES = np.zeros((0, 2), dtype=np.int64)
 
 
@@ -78,7 +77,7 @@ def _integer_array(values, name: str) -> np.ndarray:
     could change a value) anything but integers that int64 holds."""
     array = np.asarray(values)
     if array.dtype.kind == "i":  # the usual case: every signed width fits
-        return np.ascontiguousarray(array, dtype=np.int64)
+        return np.asarray(array, dtype=np.int64, order="C")
     if array.size == 0:
         return np.zeros(array.shape, dtype=np.int64)
     if array.dtype.kind != "u":  # bools, floats, strings, objects
@@ -88,7 +87,8 @@ def _integer_array(values, name: str) -> np.ndarray:
             raise ValueError(f"{name} must fit in int64")
     elif int(array.max()) > MAX_INT64:
         raise ValueError(f"{name} must fit in int64, got {int(array.max())}")
-    return np.ascontiguousarray(array, dtype=np.int64)
+    # Not ascontiguousarray: it would make a 0-d value a batch of one.
+    return np.asarray(array, dtype=np.int64, order="C")
 
 
 # Each table's state slots: its data address and its length (None: fixed).
@@ -494,11 +494,13 @@ class TableStore:
         table as they are; a batch with a larger id has its ids numbered first,
         a sort (about 70 ns per operation for a million operations, twice
         what the kernels take), so number them from 0 where you can.
+        The arrays must not change during the call (another thread writing
+        to them): the kernels index the pairing table with the ids checked.
         """
         ops, ids, sizes = (_integer_array(x, name) for x, name in
                            ((ops, "ops"), (ids, "ids"), (sizes, "sizes")))
         alignment = self._batch_alignment(check_alignment(alignment))
-        if not (ops.shape == ids.shape == sizes.shape) or ops.ndim != 1:
+        if not (ops.shape == ids.shape == sizes.shape and ops.ndim == 1):
             raise ValueError("ops, ids and sizes must be 1-D arrays of the same length")
         problem, top = _BATCH_PROBLEM.call(ops, ids, sizes)
         if problem != BATCH_OK:

@@ -115,6 +115,7 @@ _UNUSED_ROW = np.zeros(1, dtype=CHUNK_DTYPE)
 _UNUSED_ROW["allocation_id"] = -1
 for _field in ("prev", "left", "right", "parent", "bin", "region"):
     _UNUSED_ROW[_field] = NO_HANDLE
+_UNUSED_ROW.flags.writeable = False
 _UNUSED_ROW_BYTES = _UNUSED_ROW.view(np.uint8)
 
 #: ``allocation_id`` of a chunk of address space with no memory behind it (a
@@ -212,8 +213,9 @@ def new_tables(num_bins: int, min_allocation: int, chunk_rows: int = 1024,
     bins are spaces of that many size bins each, from ``min_allocation`` up.
 
     The tables with contents are copies of a set made once per set of
-    arguments: chaining the free rows field by field took a third of an
-    allocator's construction, which every ``replay()`` pays."""
+    arguments: building them (the bins, the regions, 1,024 chained rows)
+    took a third of an allocator's construction, which every ``replay()``
+    pays."""
     chunks, bins, regions, state = (_byte_copy(table) for table in _pristine_tables(
         num_bins, min_allocation, chunk_rows, region_rows, state_size, space_bins))
     pmap = np.zeros((map_slots, 2), dtype=np.int64)
@@ -222,7 +224,7 @@ def new_tables(num_bins: int, min_allocation: int, chunk_rows: int = 1024,
 
 
 # NumPy copies a structured array field by field, 9-14 times slower than its
-# bytes for the chunks: the tables are copied as bytes.
+# bytes for the chunk rows: the tables are copied as bytes.
 def _byte_copy(table: np.ndarray) -> np.ndarray:
     return table.view(np.uint8).copy().view(table.dtype)
 
@@ -275,7 +277,7 @@ def _chain_rows(chunks: np.ndarray, state: np.ndarray, start: int, stop: int) ->
 def grow_chunks(chunks: np.ndarray, state: np.ndarray) -> np.ndarray:
     """Double the chunk table; new rows join the free-handle list."""
     old = chunks.shape[0]
-    grown = np.zeros(2 * old, dtype=CHUNK_DTYPE)
+    grown = np.empty(2 * old, dtype=CHUNK_DTYPE)  # every byte is written below
     _copy_rows(grown, chunks)
     _chain_rows(grown, state, old, 2 * old)
     return grown

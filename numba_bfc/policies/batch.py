@@ -11,6 +11,10 @@ from .bfc import UNTAGGED, bfc_allocate, bfc_deallocate
 from .caching import caching_allocate, caching_deallocate
 from .compact import IN_BATCH, S_RELEASE_DUE, compact_allocate, compact_deallocate
 
+#: A batch's operations (``ops[i]``).
+ALLOCATE = 0
+FREE = 1
+
 #: ``run_batch`` code: the operation before the returned index freed memory
 #: at the end of a region that the façade should give back to the backend.
 RELEASE_DUE = -4
@@ -69,7 +73,7 @@ def run_batch(allocate, deallocate, releases, state, ops, ids, sizes, alignment,
     """
     chunks, bins, regions, pmap, _, state = table_views(state)
     for i in range(start, stop):
-        if ops[i] == 0:
+        if ops[i] == ALLOCATE:
             p = 0
             if sizes[i] != 0:
                 if sizes[i] > max_request:
@@ -163,7 +167,7 @@ def batch_problem(ops, ids, sizes):
     bad_op = negative_id = negative_size = False
     top = np.int64(-1)
     for i in range(ops.shape[0]):
-        bad_op |= ops[i] != 0 and ops[i] != 1
+        bad_op |= ops[i] != ALLOCATE and ops[i] != FREE
         negative_id |= ids[i] < 0
         negative_size |= sizes[i] < 0
         top = max(top, ids[i])
