@@ -309,6 +309,8 @@ class Trace:
     # ------------------------------------------------------------------ derived
     @property
     def num_allocations(self) -> int:
+        """How many allocation events the trace holds (counted once, when first
+        asked: every ``replay()`` asks)."""
         if "allocations" not in self._derived:  # a pass over the events: once
             self._derived["allocations"] = int(np.count_nonzero(self.ops == K.ALLOC))
         return self._derived["allocations"]
