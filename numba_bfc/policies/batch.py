@@ -163,7 +163,7 @@ def batch_problem(ops, ids, sizes):
     first of ``BAD_OP``, ``NEGATIVE_ID``, ``NEGATIVE_SIZE`` that any entry
     has, in that order, or ``BATCH_OK``; and the largest id (at least -1).
     One pass: NumPy's checks took a pass and a temporary array each, about
-    7 us of a batch of a few operations."""
+    half of a batch of a few operations (``docs/performance.md``)."""
     bad_op = negative_id = negative_size = False
     top = np.int64(-1)
     for i in range(ops.shape[0]):
