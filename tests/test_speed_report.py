@@ -356,3 +356,33 @@ def test_the_pair_at_scale_is_measured_once_in_the_last_pass(report, monkeypatch
     passes.clear()
     assert report.main(["--passes", "2", "--write", str(page)]) == 0  # no peers: none
     assert passes == ["pass", "pass"]
+
+
+def test_sections_measures_only_those_and_prints_them(report, monkeypatch, capsys):
+    ran = []
+    for name in report.SECTIONS:
+        monkeypatch.setattr(report, f"{name}_section",
+                            lambda *args, name=name: ran.append(name) or [f"| {name} table |"])
+    assert report.main(["--peers", "PEERS", "--sections", "start,pair"]) == 0
+    assert ran == ["pair", "start"]  # in the report's order, whatever the list's
+    out = capsys.readouterr().out
+    assert "--repeat 5 --rounds 3 --sections start,pair` on " in out  # the command that ran
+    assert "| pair table |" in out and "| start table |" in out
+    assert "| replay table |" not in out
+    ran.clear()
+    assert report.main(["--peers", "PEERS"]) == 0  # without it: every section
+    assert ran == list(report.SECTIONS)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--sections", "pair,speed"], "--sections: unknown speed"),
+    (["--sections", ""], "--sections: unknown empty list"),
+    (["--sections", "pair", "--write", "PAGE"], "--write and --summary take all of it"),
+])
+def test_sections_refuses_unknown_names_and_a_page_to_write(report, arguments, message,
+                                                            monkeypatch, capsys):
+    monkeypatch.setattr(report, "pair_section", lambda *args: pytest.fail("measured"))
+    with pytest.raises(SystemExit) as stop:
+        report.main(arguments)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err

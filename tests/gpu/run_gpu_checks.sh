@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Everything that needs a real GPU, in one run with a time limit per step: the
-# machine's versions, the GPU suite, the GPU benchmarks, the demo's kernels and
-# numba-cuda's own tests with the plugin. For a session with a GPU for minutes.
+# machine's versions, the compiled call bridge (built in place for this Python
+# if it is not), the GPU suite, the GPU benchmarks, the demo's kernels,
+# numba-cuda's own tests with the plugin, and the speed report's start-up and
+# pair figures on this machine's CPU. For a session with a GPU for minutes.
 #
 # Usage:   tests/gpu/run_gpu_checks.sh [OUTPUT_DIR]      (from anywhere)
-# Env:     PYTHON (default python3); T_TESTS, T_BENCH, T_DEMO, T_SUITE: seconds
-#          per step (200, 150, 45, 140).
+# Env:     PYTHON (default python3); T_TESTS, T_BENCH, T_DEMO, T_SUITE, T_CPU:
+#          seconds per step (200, 150, 45, 140, 150).
 # Output:  OUTPUT_DIR/{gpu_tests.log,gpu_tests.xml,gpu_bench.log,bench.json,
-#          demo.log}, OUTPUT_DIR/suite/ (run_numba_cuda_suite.sh), and on stdout
+#          demo.log,cpu.log}, OUTPUT_DIR/suite/ (run_numba_cuda_suite.sh), and on stdout
 #          what failed. Needs the 'test' extra's pytest, pytest-benchmark,
 #          hypothesis and filecheck, and numba-cuda with a NumPy it supports
 #          (numba-cuda 0.30.4 compiles no kernel with NumPy 2.5: no np.row_stack).
@@ -35,6 +37,16 @@ for name in ("numba", "numba-cuda", "numpy", "cuda-bindings", "cuda-core", "cupy
         pass
 PYEOF
 
+step call bridge
+# A checkout carried to another machine has no extension built for its Python;
+# without it the allocators serve every call from Python (allocators._fastcall).
+bridge='import numba_bfc.allocators._fastcall as f; print("call bridge in use:", f.native_enabled())'
+if ! "$PY" -c "$bridge" | grep -q True; then
+    "$PY" setup.py -q build_ext --inplace > "$OUT/bridge_build.log" 2>&1
+    echo "built in place: exit status $?"
+fi
+"$PY" -c "$bridge"
+
 step GPU suite
 timeout "${T_TESTS:-200}" "$PY" -m pytest -p no:cacheprovider -m cuda tests/gpu -v -rfEs \
     --durations=12 --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
@@ -59,4 +71,10 @@ PYTHON="$PY" timeout "${T_SUITE:-140}" bash tests/gpu/run_numba_cuda_suite.sh "$
     > "$OUT/suite.log" 2>&1
 echo "exit status $?"
 sed -n '/^| configuration/,/^## Failing with both/p' "$OUT/suite/summary.md" 2>/dev/null
+
+step CPU: start-up and pair
+timeout "${T_CPU:-150}" "$PY" benchmarks/speed_report.py --sections start,pair --rounds 3 \
+    > "$OUT/cpu.log" 2>&1
+echo "exit status $?"
+grep -E "^\| " "$OUT/cpu.log"
 step done
