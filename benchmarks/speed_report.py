@@ -743,7 +743,8 @@ def main(argv=None) -> int:
                          "start-up are also measured on it, side by side")
     ap.add_argument("--sections", metavar="NAMES",
                     help="comma-separated, of " + ", ".join(SECTIONS) + ": measure only "
-                         "these and print them (not with --write or --summary)")
+                         "these and print them (not with --write or --summary; warm and "
+                         "scaling need --peers)")
     args = ap.parse_args(argv)
     if args.passes < 1 or args.rounds < 1 or args.repeat < 1:
         ap.error("--passes, --rounds and --repeat must be at least 1")
@@ -751,8 +752,8 @@ def main(argv=None) -> int:
     if args.sections is not None:
         chosen = set(args.sections.split(","))
         unknown = sorted(chosen - set(SECTIONS))
-        if unknown or not chosen:
-            ap.error(f"--sections: unknown {', '.join(unknown) or 'empty list'} (known: "
+        if unknown:
+            ap.error(f"--sections: no section {', '.join(map(repr, unknown))} (there are "
                      + ", ".join(SECTIONS) + ")")
         if args.write or args.summary:
             ap.error("--sections prints a part of the report; --write and --summary take "

@@ -375,8 +375,8 @@ def test_sections_measures_only_those_and_prints_them(report, monkeypatch, capsy
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (["--sections", "pair,speed"], "--sections: unknown speed"),
-    (["--sections", ""], "--sections: unknown empty list"),
+    (["--sections", "pair,speed"], "--sections: no section 'speed' (there are replay,"),
+    (["--sections", "pair,"], "--sections: no section ''"),
     (["--sections", "pair", "--write", "PAGE"], "--write and --summary take all of it"),
 ])
 def test_sections_refuses_unknown_names_and_a_page_to_write(report, arguments, message,
