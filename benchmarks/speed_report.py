@@ -51,7 +51,7 @@ from numba_bfc.traces.synthetic import random_churn
 BEGIN, END = "<!-- speed-report:begin -->", "<!-- speed-report:end -->"
 SUMMARY_BEGIN, SUMMARY_END = "<!-- speed-summary:begin -->", "<!-- speed-summary:end -->"
 START_BEGIN, START_END = "<!-- speed-start:begin -->", "<!-- speed-start:end -->"
-# The report's sections, in its order; "warm" and "scaling" need the peers.
+# The report's sections, in its order; "warm" and "scaling" need --peers, "before" --before.
 SECTIONS = ("replay", "turns", "before", "warm", "oom", "pair", "scaling", "start")
 MiB = 1 << 20
 LIMITS = (("80 GiB", None), ("1.25x peak live", 1.25))
@@ -744,7 +744,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sections", metavar="NAMES",
                     help="comma-separated, of " + ", ".join(SECTIONS) + ": measure only "
                          "these and print them (not with --write or --summary; warm and "
-                         "scaling need --peers)")
+                         "scaling need --peers, before --before)")
     args = ap.parse_args(argv)
     if args.passes < 1 or args.rounds < 1 or args.repeat < 1:
         ap.error("--passes, --rounds and --repeat must be at least 1")
@@ -758,6 +758,13 @@ def main(argv=None) -> int:
         if args.write or args.summary:
             ap.error("--sections prints a part of the report; --write and --summary take "
                      "all of it")
+        # The whole report leaves these out without what they need; asked for, they
+        # would print nothing.
+        for name, option, given in (("warm", "--peers", args.peers),
+                                    ("scaling", "--peers", args.peers),
+                                    ("before", "--before", args.before)):
+            if name in chosen and not given:
+                ap.error(f"--sections {name} needs {option}")
     if args.summary and not args.peers:
         ap.error("--summary needs --peers (its figures are the ratios to the peers)")
     targets = [(page, begin, end) for page, begin, end in
@@ -788,7 +795,8 @@ def main(argv=None) -> int:
              f"{today}: {os.cpu_count()} cores ({cpu}), Python "
              f"{platform.python_version()}, one run, nothing else running. Every figure of a "
              f"table comes from the same run.{before}"
-             + (f" The run measured everything {args.passes} times, one pass after another, "
+             + (f" The run measured {'its sections' if args.sections else 'everything'} "
+                f"{args.passes} times, one pass after another, "
                 "and each figure is the least of its passes (the processes a table names, in "
                 "each pass)." if args.passes > 1 else ""), ""]
     for done in range(1, args.passes + 1):  # the last pass's text has every figure's least

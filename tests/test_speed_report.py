@@ -370,7 +370,11 @@ def test_sections_measures_only_those_and_prints_them(report, monkeypatch, capsy
     assert "| pair table |" in out and "| start table |" in out
     assert "| replay table |" not in out
     ran.clear()
-    assert report.main(["--peers", "PEERS"]) == 0  # without it: every section
+    assert report.main(["--peers", "PEERS", "--passes", "2", "--sections", "oom"]) == 0
+    assert ran == ["oom", "oom"]
+    assert "The run measured its sections 2 times" in capsys.readouterr().out
+    ran.clear()
+    assert report.main(["--peers", "PEERS", "--before", "OLD"]) == 0  # without it: every one
     assert ran == list(report.SECTIONS)
 
 
@@ -378,6 +382,11 @@ def test_sections_measures_only_those_and_prints_them(report, monkeypatch, capsy
     (["--sections", "pair,speed"], "--sections: no section 'speed' (there are replay,"),
     (["--sections", "pair,"], "--sections: no section ''"),
     (["--sections", "pair", "--write", "PAGE"], "--write and --summary take all of it"),
+    (["--sections", "pair", "--peers", "P", "--summary", "README"],
+     "--write and --summary take all of it"),
+    (["--sections", "pair,warm"], "--sections warm needs --peers"),
+    (["--sections", "scaling"], "--sections scaling needs --peers"),
+    (["--sections", "before", "--peers", "P"], "--sections before needs --before"),
 ])
 def test_sections_refuses_unknown_names_and_a_page_to_write(report, arguments, message,
                                                             monkeypatch, capsys):
