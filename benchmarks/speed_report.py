@@ -51,8 +51,10 @@ from numba_bfc.traces.synthetic import random_churn
 BEGIN, END = "<!-- speed-report:begin -->", "<!-- speed-report:end -->"
 SUMMARY_BEGIN, SUMMARY_END = "<!-- speed-summary:begin -->", "<!-- speed-summary:end -->"
 START_BEGIN, START_END = "<!-- speed-start:begin -->", "<!-- speed-start:end -->"
-# The report's sections, in its order; "warm" and "scaling" need --peers, "before" --before.
+# The report's sections, in its order, and the option (argparse's name) some need: the
+# whole report leaves those out without it.
 SECTIONS = ("replay", "turns", "before", "warm", "oom", "pair", "scaling", "start")
+NEEDS = {"before": "before", "warm": "peers", "scaling": "peers"}
 MiB = 1 << 20
 LIMITS = (("80 GiB", None), ("1.25x peak live", 1.25))
 BISECTIONS = (("gpt_train", "bfc"), ("gpt_train", "caching"), ("generate_kv", "caching"))
@@ -758,13 +760,9 @@ def main(argv=None) -> int:
         if args.write or args.summary:
             ap.error("--sections prints a part of the report; --write and --summary take "
                      "all of it")
-        # The whole report leaves these out without what they need; asked for, they
-        # would print nothing.
-        for name, option, given in (("warm", "--peers", args.peers),
-                                    ("scaling", "--peers", args.peers),
-                                    ("before", "--before", args.before)):
-            if name in chosen and not given:
-                ap.error(f"--sections {name} needs {option}")
+        for name in sorted(chosen & NEEDS.keys()):  # asked for, it would print nothing
+            if not getattr(args, NEEDS[name]):
+                ap.error(f"--sections {name} needs --{NEEDS[name]}")
     if args.summary and not args.peers:
         ap.error("--summary needs --peers (its figures are the ratios to the peers)")
     targets = [(page, begin, end) for page, begin, end in
@@ -789,9 +787,9 @@ def main(argv=None) -> int:
              f"{' --peers PEERS' if args.peers else ''}"
              f"{' --before TREE' if args.before else ''} --repeat {args.repeat} --rounds "
              f"{args.rounds}{f' --passes {args.passes}' if args.passes > 1 else ''}"
-             f"{f' --sections {args.sections}' if args.sections else ' --write '}"
-             f"{'' if args.sections else args.write or 'PAGE'}"
-             f"{f' --summary {args.summary}' if args.summary else ''}` on "
+             + (f" --sections {args.sections}" if args.sections
+                else f" --write {args.write or 'PAGE'}")
+             + f"{f' --summary {args.summary}' if args.summary else ''}` on "
              f"{today}: {os.cpu_count()} cores ({cpu}), Python "
              f"{platform.python_version()}, one run, nothing else running. Every figure of a "
              f"table comes from the same run.{before}"
@@ -799,24 +797,22 @@ def main(argv=None) -> int:
                 f"{args.passes} times, one pass after another, "
                 "and each figure is the least of its passes (the processes a table names, in "
                 "each pass)." if args.passes > 1 else ""), ""]
+    measure = {
+        "replay": lambda: replay_section(args.peers, args.repeat, args.rounds),
+        "turns": lambda: turns_section(args.repeat, args.rounds),
+        "before": lambda: before_section(args.before, args.repeat, args.rounds),
+        "warm": lambda: warm_section(args.peers, args.repeat),
+        "oom": lambda: oom_section(args.before, args.rounds),
+        "pair": lambda: pair_section(args.before, args.rounds),
+        "scaling": lambda: scaling_section(args.peers),
+        "start": lambda: start_section(args.before, args.rounds),
+    }
     for done in range(1, args.passes + 1):  # the last pass's text has every figure's least
         body = []
-        if "replay" in chosen:
-            body += replay_section(args.peers, args.repeat, args.rounds)
-        if "turns" in chosen:
-            body += turns_section(args.repeat, args.rounds)
-        if "before" in chosen:
-            body += before_section(args.before, args.repeat, args.rounds)
-        if args.peers and "warm" in chosen:
-            body += warm_section(args.peers, args.repeat)
-        if "oom" in chosen:
-            body += oom_section(args.before, args.rounds)
-        if "pair" in chosen:
-            body += pair_section(args.before, args.rounds)
-        if args.peers and done == args.passes and "scaling" in chosen:
-            body += scaling_section(args.peers)
-        if "start" in chosen:
-            body += start_section(args.before, args.rounds)
+        for name in SECTIONS:
+            if (name in chosen and (name not in NEEDS or getattr(args, NEEDS[name]))
+                    and (name != "scaling" or done == args.passes)):  # the slowest: once
+                body += measure[name]()
     section = "\n".join(lines + body) + "\n"
     if not args.write:
         print(BEGIN + section + END)
