@@ -135,10 +135,8 @@ def test_memalloc_cycles(benchmark, manager):
     _run_rounds(benchmark, cycles, rounds=30)
 
 
-@KERNEL_SKIP
-@pytest.mark.benchmark(group="kernel-loop-with-temporaries")
-def test_kernel_loop_with_temporaries(benchmark, manager):
-    """Each step allocates two temporaries, launches two kernels and drops the inputs."""
+def _loop_kernels():
+    """The kernel loop's two kernels: ``out = 1.5 x + y`` and ``out = max(x, 0)``."""
     from numba import cuda
 
     @cuda.jit
@@ -153,6 +151,16 @@ def test_kernel_loop_with_temporaries(benchmark, manager):
         if i < out.size:
             out[i] = max(x[i], np.float32(0.0))
 
+    return axpy, relu
+
+
+@KERNEL_SKIP
+@pytest.mark.benchmark(group="kernel-loop-with-temporaries")
+def test_kernel_loop_with_temporaries(benchmark, manager):
+    """Each step allocates two temporaries, launches two kernels and drops the inputs."""
+    from numba import cuda
+
+    axpy, relu = _loop_kernels()
     grid, block = (N + 255) // 256, 256
     state = {"x": cuda.to_device(np.linspace(-1, 1, N, dtype=np.float32))}
 
@@ -196,34 +204,71 @@ def test_cupy_cycles(benchmark, allocator):
             cupy.get_default_memory_pool().free_all_blocks()
 
 
+def _interleave(benchmark, ctx, managers, one_round, units, rounds, warmups=5):
+    """Time ``one_round(name)`` under each of ``managers`` in turn, on one context.
+
+    Each benchmark round runs every manager once, the first one rotating from round
+    to round, so the GPU's and the host's drift hits all of them alike and their
+    figures of one round can be paired. Returns each manager's microseconds per
+    unit (``units`` per round), one figure per timed round; the timed figure of the
+    benchmark is one whole rotation.
+    """
+    import itertools
+    import time
+
+    names = list(managers)
+    per_unit = {name: [] for name in names}
+    turn = itertools.count()
+
+    def rotation():
+        first = next(turn) % len(names)
+        for name in names[first:] + names[:first]:
+            ctx.memory_manager = managers[name]  # what cuda.device_array allocates from
+            t0 = time.perf_counter()
+            one_round(name)
+            per_unit[name].append((time.perf_counter() - t0) * 1e6 / units)
+
+    saved = ctx.memory_manager
+    try:
+        for _ in range(warmups):
+            rotation()  # pools grown, kernels compiled
+        for figures in per_unit.values():
+            figures.clear()
+        benchmark.pedantic(rotation, rounds=rounds, iterations=1)
+    finally:
+        ctx.memory_manager = saved
+    return per_unit
+
+
+def _bfc_managers(ctx, modes, policies=("bfc", "caching", "compact")):
+    """numba_bfc's plugin on ``ctx``: one manager per policy and stream-safety mode."""
+    from numba_bfc.integrations.numba_emm import NumbaBFCMemoryManager
+
+    return {f"{policy}-{mode}": NumbaBFCMemoryManager(
+                context=ctx, policy=policy, stream_safety=mode,
+                backend="virtual" if policy == "compact" else "plain")
+            for policy in policies for mode in modes}
+
+
 @pytest.mark.benchmark(group="stream-safety-overhead-interleaved")
 @pytest.mark.parametrize("policy", ["bfc", "caching", "compact"])
 @pytest.mark.parametrize("path", ["memalloc", "device_array"])
 def test_stream_safety_overhead_interleaved(benchmark, policy, path):
     """What ``stream_safety="events"`` adds per allocation, measured precisely:
     two managers on one context, ``"off"`` and ``"events"``, run the cycles of
-    the groups above in alternate rounds (so drift hits both alike);
-    ``extra_info`` holds each one's median and the median of the paired
-    differences, per allocation, in microseconds. The timed figure is one
-    alternation (both rounds)."""
+    the groups above in turn (``_interleave``); ``extra_info`` holds each one's
+    median and the median of the paired differences, per allocation, in
+    microseconds."""
     import statistics
-    import time
 
     from numba import cuda
 
-    from numba_bfc.integrations.numba_emm import NumbaBFCMemoryManager
-
     backend = "virtual" if policy == "compact" else "plain"
     with numba_bfc_context(policy=policy, backend=backend) as ctx:
-        mgrs = {mode: NumbaBFCMemoryManager(context=ctx, policy=policy, backend=backend,
-                                            stream_safety=mode) for mode in ("off", "events")}
-        saved = ctx.memory_manager
-        per_alloc = {mode: [] for mode in mgrs}
+        mgrs = _bfc_managers(ctx, ("off", "events"), policies=(policy,))
 
-        def one_round(mode):
-            mgr = mgrs[mode]
-            ctx.memory_manager = mgr  # what cuda.device_array allocates from
-            t0 = time.perf_counter()
+        def one_round(name):
+            mgr = mgrs[name]
             for _ in range(CYCLES_PER_ROUND):
                 for nbytes in SIZES:
                     if path == "memalloc":
@@ -231,32 +276,78 @@ def test_stream_safety_overhead_interleaved(benchmark, policy, path):
                     else:
                         p = cuda.device_array(nbytes, dtype=np.uint8)
                     del p
-            per_alloc[mode].append((time.perf_counter() - t0) / (CYCLES_PER_ROUND * len(SIZES)))
-
-        def alternation():
-            one_round("off")
-            one_round("events")
 
         try:
-            for _ in range(5):
-                alternation()  # warm-up: pools grown, kernels compiled
-            for mode in per_alloc:
-                per_alloc[mode].clear()
-            benchmark.pedantic(alternation, rounds=100, iterations=1)
-            us = {mode: [t * 1e6 for t in ts] for mode, ts in per_alloc.items()}
-            diffs = [e - o for e, o in zip(us["events"], us["off"])]
-            stats = mgrs["events"].stream_safety_stats()
+            us = _interleave(benchmark, ctx, mgrs, one_round,
+                             units=CYCLES_PER_ROUND * len(SIZES), rounds=100)
+            off, events = us[f"{policy}-off"], us[f"{policy}-events"]
+            diffs = [e - o for e, o in zip(events, off)]
+            stats = mgrs[f"{policy}-events"].stream_safety_stats()
             benchmark.extra_info.update(
-                off_us=round(statistics.median(us["off"]), 3),
-                events_us=round(statistics.median(us["events"]), 3),
+                off_us=round(statistics.median(off), 3),
+                events_us=round(statistics.median(events), 3),
                 added_us_median_paired=round(statistics.median(diffs), 3),
                 added_us_mean=round(statistics.mean(diffs), 3),
                 events_recorded_per_allocation=round(
                     stats.events_recorded / (len(diffs) + 5) / (CYCLES_PER_ROUND * len(SIZES)),
                     4),
-                reserved_mib={mode: m.allocator.get_stats().bytes_reserved >> 20
-                              for mode, m in mgrs.items()})
+                reserved_mib={name: m.allocator.get_stats().bytes_reserved >> 20
+                              for name, m in mgrs.items()})
         finally:
-            ctx.memory_manager = saved
             for mgr in mgrs.values():
                 mgr.reset()
+
+
+@KERNEL_SKIP
+@pytest.mark.benchmark(group="kernel-loop-interleaved")
+def test_kernel_loop_interleaved(benchmark):
+    """The kernel loop above with every manager on one context, taking turns
+    (``_interleave``): numba_bfc's three policies, each with ``"events"`` and
+    ``"off"``, and Numba's default manager. Sequential benchmark rows on a GPU
+    drift by up to 2x within a minute; these figures share their minutes.
+    ``extra_info``: each manager's median microseconds per allocation (with its
+    two kernel launches) and the median of its paired ratios to Numba's default."""
+    import statistics
+
+    from numba import cuda
+    from numba.cuda.cudadrv.driver import NumbaCUDAMemoryManager
+
+    axpy, relu = _loop_kernels()
+    grid, block = (N + 255) // 256, 256
+    steps_per_round = KERNEL_STEPS // 4
+    with numba_bfc_context(policy="bfc", backend="plain") as ctx:
+        mgrs = _bfc_managers(ctx, ("events", "off"))
+        mgrs["numba-default"] = NumbaCUDAMemoryManager(context=ctx)
+        mgrs["numba-default"].initialize()
+        start = np.linspace(-1, 1, N, dtype=np.float32)
+        inputs = {}
+
+        def one_round(name):
+            x = inputs.get(name)
+            if x is None:
+                x = cuda.to_device(start)
+            for _ in range(steps_per_round):
+                t = cuda.device_array(N, dtype=np.float32)
+                axpy[grid, block](x, x, t)
+                y = cuda.device_array(N, dtype=np.float32)
+                relu[grid, block](t, y)
+                del t
+                x = y
+            inputs[name] = x
+            cuda.synchronize()
+
+        try:
+            us = _interleave(benchmark, ctx, mgrs, one_round,
+                             units=2 * steps_per_round, rounds=20, warmups=2)
+            default = us["numba-default"]
+            benchmark.extra_info.update(
+                us_per_allocation={name: round(statistics.median(v), 2)
+                                   for name, v in us.items()},
+                ratio_to_numba_default={
+                    name: round(statistics.median(a / d for a, d in zip(v, default)), 3)
+                    for name, v in us.items() if name != "numba-default"})
+        finally:
+            inputs.clear()
+            for name, mgr in mgrs.items():
+                if name != "numba-default":
+                    mgr.reset()
