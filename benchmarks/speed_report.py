@@ -700,7 +700,8 @@ def start_section(before: str | None, rounds: int) -> list[str]:
              "allocation (BFC, 1000 B), replay (BFC, `generate_kv`) or plan (`generate_kv`), "
              "with an empty Numba cache and with the cache that run left (best of 3), the "
              "package's Python bytecode written beforehand, as installing it leaves it; the "
-             f"least of {rounds} such runs, the two codes taking turns:", "",
+             f"least of {rounds} such runs{', the two codes taking turns' if before else ''}:",
+             "",
              "| first | code | import | empty cache | warm cache |", "|---|---|---:|---:|---:|"]
     start = _headlines["start"] = {label: {} for label, _ in trees}
     for what in ("allocation", "replay", "plan"):

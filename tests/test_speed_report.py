@@ -44,6 +44,15 @@ def test_a_later_pass_writes_the_least_start_up_times(report, monkeypatch):
     assert "| allocation | now | 0.30 | 5.00 | 0.20 |" in second
     assert "| replay | now | 0.30 | 3.00 | 0.20 |" in second
     assert "| plan | now | 0.30 | 1.00 | 0.20 |" in second
+    assert "taking turns" not in first[0]  # one code: nothing takes turns
+
+
+def test_start_up_with_an_earlier_code_says_the_two_take_turns(report, monkeypatch, tmp_path):
+    monkeypatch.setattr(report, "_python", lambda *args, **kwargs: ["0.3", "1.0"])
+    monkeypatch.setattr(report, "_write_bytecode", lambda tree: None)
+    lines = report.start_section(str(tmp_path), 2)
+    assert lines[0].endswith("the least of 2 such runs, the two codes taking turns:")
+    assert "| allocation | before | 0.30 | 1.00 | 1.00 |" in lines
 
 
 def test_processes_read_and_write_bytecode_and_the_package_is_compiled(report, monkeypatch,

@@ -396,7 +396,11 @@ def test_cupy_arrays_come_from_the_shared_pool():
         mgr = ctx.memory_manager
         cupy.cuda.set_allocator(cupy_allocator)
         try:
-            x = cupy.arange(1 << 20, dtype=cupy.uint32)
+            # Filled by a copy, not a CuPy kernel: a CuPy kernel module in the
+            # primary context that numba_bfc_context then resets makes the
+            # interpreter fail at exit (docs/gpu.md), whichever manager is in use.
+            x = cupy.empty(1 << 20, dtype=cupy.uint32)
+            x.set(np.arange(1 << 20, dtype=np.uint32))
             assert mgr.allocator.allocated_size(int(x.data.ptr)) >= x.nbytes
             launch(scale, cuda.as_cuda_array(x), 3)  # a Numba kernel on CuPy memory
             cuda.synchronize()
