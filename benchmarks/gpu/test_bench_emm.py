@@ -135,8 +135,11 @@ def test_memalloc_cycles(benchmark, manager):
     _run_rounds(benchmark, cycles, rounds=30)
 
 
-def _loop_kernels():
-    """The kernel loop's two kernels: ``out = 1.5 x + y`` and ``out = max(x, 0)``."""
+def _kernel_loop():
+    """The kernel loop's steps: ``run(x, count)`` runs ``count`` steps from
+    array ``x``, each allocating two temporaries (``t = 1.5 x + x``, then
+    ``y = max(t, 0)``) and dropping ``t`` and the step's input; returns the
+    last ``y``."""
     from numba import cuda
 
     @cuda.jit
@@ -151,7 +154,19 @@ def _loop_kernels():
         if i < out.size:
             out[i] = max(x[i], np.float32(0.0))
 
-    return axpy, relu
+    grid, block = (N + 255) // 256, 256
+
+    def run(x, count):
+        for _ in range(count):
+            t = cuda.device_array(N, dtype=np.float32)
+            axpy[grid, block](x, x, t)
+            y = cuda.device_array(N, dtype=np.float32)
+            relu[grid, block](t, y)
+            del t
+            x = y
+        return x
+
+    return run
 
 
 @KERNEL_SKIP
@@ -160,20 +175,11 @@ def test_kernel_loop_with_temporaries(benchmark, manager):
     """Each step allocates two temporaries, launches two kernels and drops the inputs."""
     from numba import cuda
 
-    axpy, relu = _loop_kernels()
-    grid, block = (N + 255) // 256, 256
+    run = _kernel_loop()
     state = {"x": cuda.to_device(np.linspace(-1, 1, N, dtype=np.float32))}
 
     def steps():
-        x = state["x"]
-        for _ in range(KERNEL_STEPS):
-            t = cuda.device_array(N, dtype=np.float32)
-            axpy[grid, block](x, x, t)
-            y = cuda.device_array(N, dtype=np.float32)
-            relu[grid, block](t, y)
-            del t
-            x = y
-        state["x"] = x
+        state["x"] = run(state["x"], KERNEL_STEPS)
         cuda.synchronize()
 
     benchmark.extra_info["allocations_per_round"] = 2 * KERNEL_STEPS
@@ -312,8 +318,7 @@ def test_kernel_loop_interleaved(benchmark):
     from numba import cuda
     from numba.cuda.cudadrv.driver import NumbaCUDAMemoryManager
 
-    axpy, relu = _loop_kernels()
-    grid, block = (N + 255) // 256, 256
+    run = _kernel_loop()
     steps_per_round = KERNEL_STEPS // 4
     with numba_bfc_context(policy="bfc", backend="plain") as ctx:
         mgrs = _bfc_managers(ctx, ("events", "off"))
@@ -324,16 +329,7 @@ def test_kernel_loop_interleaved(benchmark):
 
         def one_round(name):
             x = inputs.get(name)
-            if x is None:
-                x = cuda.to_device(start)
-            for _ in range(steps_per_round):
-                t = cuda.device_array(N, dtype=np.float32)
-                axpy[grid, block](x, x, t)
-                y = cuda.device_array(N, dtype=np.float32)
-                relu[grid, block](t, y)
-                del t
-                x = y
-            inputs[name] = x
+            inputs[name] = run(cuda.to_device(start) if x is None else x, steps_per_round)
             cuda.synchronize()
 
         try:
