@@ -7,7 +7,9 @@ cost of event-gated reuse is read off one run), Numba's default manager
 RMM's Numba plugin over an RMM pool (if ``rmm`` is importable) and, for CuPy
 arrays, CuPy's own pool (if ``cupy`` is importable). ``extra_info`` records
 the memory-management driver calls per round and, for numba_bfc, the events
-recorded and queried per round and the pool's reserved bytes.
+recorded and queried per round and the pool's reserved bytes. The
+``*-interleaved`` groups instead run several managers on one context, taking
+turns (``_interleave``), and give their figures in ``extra_info``.
 
 Run: ``python -m pytest -m cuda benchmarks/gpu --benchmark-columns=min,median,mean,rounds
 --benchmark-group-by=group`` (skipped without an NVIDIA GPU and numba-cuda). With
@@ -17,7 +19,9 @@ see, their times are not (the fake's driver calls cost next to nothing).
 """
 
 import contextlib
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +42,7 @@ pytestmark = [pytest.mark.cuda, GPU_SKIP]
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 CYCLES_PER_ROUND = 10  # passes over SIZES per benchmark round
-KERNEL_STEPS = 200  # kernel launches per round, each with fresh temporaries
+KERNEL_STEPS = 200  # kernel-loop steps per round: two temporaries, two launches each
 N = 1 << 20  # float32 elements per kernel temporary (4 MiB)
 
 
@@ -210,26 +214,50 @@ def test_cupy_cycles(benchmark, allocator):
             cupy.get_default_memory_pool().free_all_blocks()
 
 
-def _interleave(benchmark, ctx, managers, one_round, units, rounds, warmups=5):
+def _interleave(benchmark, ctx, managers, one_round, units, rounds, warmups):
     """Time ``one_round(name)`` under each of ``managers`` in turn, on one context.
 
-    Each benchmark round runs every manager once, the first one rotating from round
-    to round, so the GPU's and the host's drift hits all of them alike and their
-    figures of one round can be paired. Returns each manager's microseconds per
-    unit (``units`` per round), one figure per timed round; the timed figure of the
-    benchmark is one whole rotation.
-    """
-    import itertools
-    import time
+    Each benchmark round runs every manager once: round ``k`` takes them in
+    their order rotated by ``k // 2``, reversed when ``k`` is odd. So over any
+    ``2 * len(managers)`` rounds in a row each one starts twice and follows each
+    of its two neighbours: the GPU's and the host's drift, and what one manager
+    leaves behind for the next, hit all of them alike, and their figures of
+    one round can be paired.
 
+    Parameters
+    ----------
+    benchmark
+        pytest-benchmark's fixture; its timed figure is one whole round.
+    ctx
+        The CUDA context whose ``memory_manager`` each turn sets (what
+        ``cuda.device_array`` allocates from); restored at the end.
+    managers : dict
+        The memory managers, by name.
+    one_round : callable
+        ``one_round(name)``: one manager's turn.
+    units : int
+        What one turn does (allocations), to give figures per unit.
+    rounds, warmups : int
+        Timed rounds, and untimed rounds before them (pools grown, kernels
+        compiled). The timed rounds are balanced when ``warmups`` is even and
+        ``rounds`` a multiple of ``2 * len(managers)``.
+
+    Returns
+    -------
+    dict
+        Each manager's microseconds per unit, one figure per timed round, in
+        round order.
+    """
     names = list(managers)
     per_unit = {name: [] for name in names}
-    turn = itertools.count()
+    turns = iter(range(warmups + rounds))
 
-    def rotation():
-        first = next(turn) % len(names)
-        for name in names[first:] + names[:first]:
-            ctx.memory_manager = managers[name]  # what cuda.device_array allocates from
+    def one_rotation():
+        k = next(turns)
+        shift = k // 2 % len(names)
+        order = names[shift:] + names[:shift]
+        for name in order[::-1] if k % 2 else order:
+            ctx.memory_manager = managers[name]
             t0 = time.perf_counter()
             one_round(name)
             per_unit[name].append((time.perf_counter() - t0) * 1e6 / units)
@@ -237,17 +265,18 @@ def _interleave(benchmark, ctx, managers, one_round, units, rounds, warmups=5):
     saved = ctx.memory_manager
     try:
         for _ in range(warmups):
-            rotation()  # pools grown, kernels compiled
+            one_rotation()
         for figures in per_unit.values():
             figures.clear()
-        benchmark.pedantic(rotation, rounds=rounds, iterations=1)
+        benchmark.pedantic(one_rotation, rounds=rounds, iterations=1)
     finally:
         ctx.memory_manager = saved
     return per_unit
 
 
 def _bfc_managers(ctx, modes, policies=("bfc", "caching", "compact")):
-    """numba_bfc's plugin on ``ctx``: one manager per policy and stream-safety mode."""
+    """numba_bfc's plugin on ``ctx``: one manager per policy and stream-safety
+    mode, named ``"{policy}-{mode}"``."""
     from numba_bfc.integrations.numba_emm import NumbaBFCMemoryManager
 
     return {f"{policy}-{mode}": NumbaBFCMemoryManager(
@@ -265,8 +294,6 @@ def test_stream_safety_overhead_interleaved(benchmark, policy, path):
     the groups above in turn (``_interleave``); ``extra_info`` holds each one's
     median and the median of the paired differences, per allocation, in
     microseconds."""
-    import statistics
-
     from numba import cuda
 
     backend = "virtual" if policy == "compact" else "plain"
@@ -283,9 +310,10 @@ def test_stream_safety_overhead_interleaved(benchmark, policy, path):
                         p = cuda.device_array(nbytes, dtype=np.uint8)
                     del p
 
+        warmups = 6
         try:
             us = _interleave(benchmark, ctx, mgrs, one_round,
-                             units=CYCLES_PER_ROUND * len(SIZES), rounds=100)
+                             units=CYCLES_PER_ROUND * len(SIZES), rounds=100, warmups=warmups)
             off, events = us[f"{policy}-off"], us[f"{policy}-events"]
             diffs = [e - o for e, o in zip(events, off)]
             stats = mgrs[f"{policy}-events"].stream_safety_stats()
@@ -295,7 +323,8 @@ def test_stream_safety_overhead_interleaved(benchmark, policy, path):
                 added_us_median_paired=round(statistics.median(diffs), 3),
                 added_us_mean=round(statistics.mean(diffs), 3),
                 events_recorded_per_allocation=round(
-                    stats.events_recorded / (len(diffs) + 5) / (CYCLES_PER_ROUND * len(SIZES)),
+                    stats.events_recorded / (warmups + len(diffs))
+                    / (CYCLES_PER_ROUND * len(SIZES)),
                     4),
                 reserved_mib={name: m.allocator.get_stats().bytes_reserved >> 20
                               for name, m in mgrs.items()})
@@ -311,18 +340,18 @@ def test_kernel_loop_interleaved(benchmark):
     (``_interleave``): numba_bfc's three policies, each with ``"events"`` and
     ``"off"``, and Numba's default manager. Sequential benchmark rows on a GPU
     drift by up to 2x within a minute; these figures share their minutes.
-    ``extra_info``: each manager's median microseconds per allocation (with its
-    two kernel launches) and the median of its paired ratios to Numba's default."""
-    import statistics
-
+    ``extra_info``: each manager's median microseconds per allocation (one
+    kernel launch for each) and the median of its paired ratios to Numba's default."""
     from numba import cuda
     from numba.cuda.cudadrv.driver import NumbaCUDAMemoryManager
 
     run = _kernel_loop()
-    steps_per_round = KERNEL_STEPS // 4
+    steps_per_round = KERNEL_STEPS // 4  # seven managers take a turn each per round
     with numba_bfc_context(policy="bfc", backend="plain") as ctx:
         mgrs = _bfc_managers(ctx, ("events", "off"))
         mgrs["numba-default"] = NumbaCUDAMemoryManager(context=ctx)
+        # Numba initializes only the manager it made for the context: this one
+        # learns the device's memory size here (when to flush its frees).
         mgrs["numba-default"].initialize()
         start = np.linspace(-1, 1, N, dtype=np.float32)
         inputs = {}
@@ -334,7 +363,7 @@ def test_kernel_loop_interleaved(benchmark):
 
         try:
             us = _interleave(benchmark, ctx, mgrs, one_round,
-                             units=2 * steps_per_round, rounds=20, warmups=2)
+                             units=2 * steps_per_round, rounds=28, warmups=2)
             default = us["numba-default"]
             benchmark.extra_info.update(
                 us_per_allocation={name: round(statistics.median(v), 2)
@@ -344,6 +373,5 @@ def test_kernel_loop_interleaved(benchmark):
                     for name, v in us.items() if name != "numba-default"})
         finally:
             inputs.clear()
-            for name, mgr in mgrs.items():
-                if name != "numba-default":
-                    mgr.reset()
+            for mgr in mgrs.values():
+                mgr.reset()  # Numba's own manager: its frees still queued

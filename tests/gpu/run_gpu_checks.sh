@@ -10,7 +10,7 @@
 #          T_CPU: seconds per step (120, 200, 150, 45, 140, 150).
 # Output:  OUTPUT_DIR/{gpu_tests.log,gpu_tests.xml,gpu_bench.log,bench.json,
 #          demo.log,cpu.log}, OUTPUT_DIR/suite/ (run_numba_cuda_suite.sh), and on stdout
-#          what failed. Needs the 'test' extra's pytest, pytest-benchmark,
+#          what failed, the benchmark tables and the interleaved groups' figures. Needs the 'test' extra's pytest, pytest-benchmark,
 #          hypothesis and filecheck, and numba-cuda with a NumPy it supports
 #          (numba-cuda 0.30.4 compiles no kernel with NumPy 2.5: no np.row_stack).
 set -uo pipefail
@@ -65,7 +65,7 @@ timeout "${T_BENCH:-150}" "$PY" -m pytest -p no:cacheprovider -m cuda benchmarks
 echo "exit status $?"
 grep -E "^(FAILED|ERROR) |^test_|^Name" "$OUT/gpu_bench.log" | cut -c1-160
 # The interleaved groups' figures are in extra_info, not in the table.
-"$PY" - "$OUT/bench.json" <<'PYEOF' || true
+[ -s "$OUT/bench.json" ] && "$PY" - "$OUT/bench.json" <<'PYEOF' || true
 import json, sys
 for bench in json.load(open(sys.argv[1]))["benchmarks"]:
     if bench["group"].endswith("-interleaved"):
