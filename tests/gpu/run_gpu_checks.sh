@@ -10,9 +10,10 @@
 #          T_CPU: seconds per step (120, 200, 150, 45, 140, 150).
 # Output:  OUTPUT_DIR/{gpu_tests.log,gpu_tests.xml,gpu_bench.log,bench.json,
 #          demo.log,cpu.log}, OUTPUT_DIR/suite/ (run_numba_cuda_suite.sh), and on stdout
-#          what failed, the benchmark tables and the interleaved groups' figures. Needs the 'test' extra's pytest, pytest-benchmark,
-#          hypothesis and filecheck, and numba-cuda with a NumPy it supports
-#          (numba-cuda 0.30.4 compiles no kernel with NumPy 2.5: no np.row_stack).
+#          what failed, the benchmark tables and the interleaved groups' figures.
+#          Needs the 'test' extra's pytest, pytest-benchmark, hypothesis and filecheck,
+#          and numba-cuda with a NumPy it supports (numba-cuda 0.30.4 compiles no
+#          kernel with NumPy 2.5: no np.row_stack).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=${1:-$ROOT/gpu_check_results}
